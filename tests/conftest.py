@@ -1,0 +1,27 @@
+"""Shared test set-up: offline data and tokenizer files from ../shared, tiny and deterministic."""
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = (REPO.parent / "shared").resolve()
+
+# tiktoken reads its GPT-2 BPE files from here instead of downloading them.
+if (SHARED / "tiktoken-cache").is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def shakespeare_path() -> Path:
+    path = SHARED / "data" / "tinyshakespeare.txt"
+    if not path.is_file():
+        pytest.fail(f"tinyshakespeare.txt not found at {path}: tests expect the shared/ folder beside the checkout")
+    return path
