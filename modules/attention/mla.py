@@ -1,0 +1,64 @@
+"""Multi-head latent attention (DeepSeek-V2, simplified: queries are not compressed).
+
+Keys and values of all heads are up-projected from one latent c_kv of width d_c, so the cache holds d_c
+numbers per token instead of 2 * n_head * hs. Rotary angles can't pass through that up-projection (they would
+have to be applied to the latent, which has no head structure), so position enters through a separate, decoupled
+key part k_rope of width d_r, shared by all heads, cached next to the latent, and matched by a d_r-wide part of
+each query. Each head then scores [q_nope, q_rope] . [k_nope, k_rope] / sqrt(hs + d_r).
+
+With position=rope only the decoupled parts are rotated; with other position schemes they are ordinary extra
+key/query dimensions and position comes from the embedding (learned, sinusoidal) or the bias (alibi).
+"""
+import torch
+from torch import nn
+
+from modules.attention.gqa import sdpa
+from modules.norms import build_norm
+from modules.positions import apply_rotary
+
+
+class MultiHeadLatentAttention(nn.Module):
+    def __init__(self, cfg, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.head_size = cfg.n_head, cfg.head_size
+        self.d_c, self.d_r = cfg.kv_latent_dim, cfg.rope_dim
+        nh, hs = cfg.n_head, cfg.head_size
+        self.c_q = nn.Linear(cfg.n_embd, nh * (hs + self.d_r), bias=cfg.bias)       # queries: content + rotary part
+        self.c_kv_down = nn.Linear(cfg.n_embd, self.d_c + self.d_r, bias=cfg.bias)  # latent + shared rotary key
+        self.c_kv_up = nn.Linear(self.d_c, 2 * nh * hs, bias=cfg.bias)             # latent -> per-head k, v
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj.residual = True
+        self.qk_norm = cfg.norm.qk_norm
+        if self.qk_norm:  # content and rotary parts are normalised separately (the rotary key is cached)
+            self.q_norm, self.k_norm = build_norm(cfg, hs), build_norm(cfg, hs)
+            if self.d_r:
+                self.q_rope_norm, self.k_rope_norm = build_norm(cfg, self.d_r), build_norm(cfg, self.d_r)
+        self.dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, mask, rot, cache=None):
+        B, T, C = x.size()
+        nh, hs, d_c, d_r = self.n_head, self.head_size, self.d_c, self.d_r
+        q = self.c_q(x).view(B, T, nh, hs + d_r).transpose(1, 2)  # (B, nh, T, hs + dr)
+        q_nope, q_rope = q.split([hs, d_r], dim=-1)               # (B, nh, T, hs), (B, nh, T, dr)
+        latent, k_rope = self.c_kv_down(x).split([d_c, d_r], dim=-1)  # (B, T, dc), (B, T, dr)
+        k_rope = k_rope.unsqueeze(1)                              # (B, 1, T, dr): one rotary key for all heads
+        if self.qk_norm:
+            q_nope = self.q_norm(q_nope)
+            if d_r:
+                q_rope, k_rope = self.q_rope_norm(q_rope), self.k_rope_norm(k_rope)
+        q_rope, k_rope = apply_rotary(q_rope, rot), apply_rotary(k_rope, rot)
+        if cache is not None:  # cache only the latent and the rotated shared key: (dc + dr) numbers per token
+            latent, k_rope = cache.update(self.layer_idx, latent=latent, k_rope=k_rope)
+        S = latent.size(1)
+        k_nope, v = self.c_kv_up(latent).split([nh * hs, nh * hs], dim=-1)  # 2 x (B, S, nh * hs)
+        k_nope = k_nope.view(B, S, nh, hs).transpose(1, 2)  # (B, nh, S, hs)
+        v = v.view(B, S, nh, hs).transpose(1, 2)            # (B, nh, S, hs)
+        if self.qk_norm:
+            k_nope = self.k_norm(k_nope)
+        q = torch.cat((q_nope, q_rope), dim=-1)                             # (B, nh, T, hs + dr)
+        k = torch.cat((k_nope, k_rope.expand(B, nh, S, d_r)), dim=-1)       # (B, nh, S, hs + dr)
+        y = sdpa(q, k, v, mask, self.dropout if self.training else 0.0)    # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))

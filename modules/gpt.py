@@ -1,0 +1,199 @@
+"""A GPT (decoder-only transformer) whose position scheme, norm, MLP and attention are chosen by name.
+
+Read top to bottom: Block (one transformer layer), then GPT (embeddings, blocks, head, masks, generation).
+Shapes: B batch, T new tokens in this call, S keys visible (cached + new), C n_embd, nh heads, hs head size,
+V vocabulary.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modules.attention import build_attention
+from modules.cache import KVCache
+from modules.config import GPTConfig
+from modules.mlps import build_mlp
+from modules.norms import build_norm
+from modules.positions import build_position
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = build_norm(cfg, cfg.n_embd)
+        self.attn = build_attention(cfg, layer_idx)
+        self.ln_2 = build_norm(cfg, cfg.n_embd)
+        self.mlp = build_mlp(cfg)
+        self.post_norm = cfg.norm.placement == "post"
+
+    def forward(self, x, mask, rot, cache=None):  # x: (B, T, C)
+        if self.post_norm:  # original Transformer: normalise the sum, so the residual stream itself is normed
+            x = self.ln_1(x + self.attn(x, mask, rot, cache))
+            return self.ln_2(x + self.mlp(x))
+        # pre-norm (GPT-2 onwards): a clean residual path from input to output, which keeps deep stacks stable
+        x = x + self.attn(self.ln_1(x), mask, rot, cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, position="learned", norm="layernorm",
+                 mlp="gelu", attention="mha", dropout=0.0, bias=False, tie_weights=True):
+        super().__init__()
+        cfg = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
+                        n_embd=n_embd, position=position, norm=norm, mlp=mlp, attention=attention,
+                        dropout=dropout, bias=bias, tie_weights=tie_weights)
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.position = build_position(cfg)  # holds the learned table (wpe) if any; shared by all layers
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)])
+        # With post-norm every block already ends in a norm, so a final norm would normalise twice.
+        self.ln_f = build_norm(cfg, cfg.n_embd) if cfg.norm.placement == "pre" else nn.Identity()
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.wte.weight  # one V x C matrix reads tokens in and writes logits out
+        self.apply(self._init_weights)
+
+    @classmethod
+    def from_config(cls, cfg) -> "GPT":
+        cfg = GPTConfig.from_dict(cfg)
+        return cls(**{k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+
+    def _init_weights(self, module):
+        # GPT-2 init: N(0, 0.02) everywhere; the projections that write into the residual stream are scaled by
+        # 1/sqrt(2L) because 2L of them are summed (one attention and one MLP per layer), keeping its variance flat.
+        if isinstance(module, nn.Linear):
+            std = 0.02 / math.sqrt(2 * self.config.n_layer) if getattr(module, "residual", False) else 0.02
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # a tied lm_head is counted once
+        if non_embedding:
+            n -= self.wte.weight.numel()
+            if hasattr(self.position, "wpe"):
+                n -= self.position.wpe.weight.numel()
+        return n
+
+    def new_cache(self, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
+        p = self.wte.weight
+        return KVCache(self.config.n_layer, batch_size, dtype or p.dtype, p.device, window=self.config.window)
+
+    # ------------------------------------------------------------------------------------------------------
+    def _attn_mask(self, pos, valid, cache, padded: bool):
+        """The mask every layer uses for this call, built once: bool (B, 1, T, S), or a float bias with -inf where
+        masked (B, nh, T, S) when the position scheme adds one (alibi), or None for plain causal attention."""
+        cfg = self.config
+        bias_needed = cfg.position.name == "alibi"
+        if cache is None and not padded and cfg.window is None and not bias_needed:
+            return None  # SDPA's is_causal fast path
+        B, T = pos.shape
+        past = 0 if cache is None else cache.seq_len
+        key_pos = pos if cache is None else torch.cat((cache.key_pos, pos), dim=1)          # (B, S)
+        key_valid = valid if cache is None else torch.cat((cache.key_valid, valid), dim=1)  # (B, S)
+        # causal by index: all cached keys precede the new queries; new query t sees new keys <= t
+        causal = torch.ones(T, past + T, dtype=torch.bool, device=pos.device).tril(diagonal=past)  # (T, S)
+        allowed = causal[None] & key_valid[:, None, :]  # (B, T, S): padding keys are never visible
+        if cfg.window is not None:  # the band: distance in positions (not columns, which include padding) < W
+            allowed = allowed & (pos[:, :, None] - key_pos[:, None, :] < cfg.window)
+        # A real query always sees itself; a padding query may see nothing, and softmax over an empty row is 0/0.
+        # Let those rows see every key instead: their outputs are never read (padding is masked out as a key).
+        allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
+        allowed = allowed[:, None]  # (B, 1, T, S)
+        bias = self.position.attn_bias(pos, key_pos)  # (B, nh, T, S) float32 or None
+        if bias is None:
+            return allowed
+        return bias.masked_fill(~allowed, float("-inf"))
+
+    def forward(self, idx, attention_mask=None, position_ids=None, cache=None):
+        """idx (B, T) int64 -> logits (B, T, V).
+
+        attention_mask (B, T): 1 for real tokens, 0 for (left) padding, covering the tokens of this call only.
+        position_ids (B, T): default cumsum(mask) - 1, continued from the cache, so padding doesn't shift positions.
+        cache: a `new_cache()` object; this call's keys are appended to it and it sees everything cached before.
+        """
+        B, T = idx.size()
+        valid = (torch.ones_like(idx, dtype=torch.bool) if attention_mask is None
+                 else attention_mask.to(device=idx.device).bool())
+        if position_ids is None:
+            start = torch.zeros(B, dtype=torch.long, device=idx.device) if cache is None else cache.next_pos
+            position_ids = start[:, None] + (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+        padded = attention_mask is not None and not bool(valid.all())
+        mask = self._attn_mask(position_ids, valid, cache, padded)
+        rot = self.position.rotary(position_ids)  # (cos, sin) each (B, 1, T, dim/2), or None
+
+        x = self.wte(idx)  # (B, T, C)
+        x = self.drop(self.position.add_to_embedding(x, position_ids))
+        for block in self.blocks:
+            x = block(x, mask, rot, cache)
+        if cache is not None:
+            cache.advance(position_ids, valid)
+        x = self.ln_f(x)
+        return self.lm_head(x)  # (B, T, V)
+
+    # ------------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
+                 attention_mask=None, eos_token_id=None, generator=None):
+        """Continue idx (B, T) by max_new_tokens tokens -> (B, T + max_new_tokens) int64.
+
+        temperature=0 is greedy. Prompts of different lengths are left-padded, with attention_mask marking real
+        tokens (1) and padding (0). With use_cache, the prompt is prefilled once and each new token is decoded
+        against the KV cache; use_cache=False re-runs the whole context every step (the reference path).
+        The model never sees more than block_size tokens: once the sequence is longer, the context is cropped to
+        its last block_size tokens (positions restart at 0, as in training). The cached path re-prefills the
+        cropped context at those steps, so both paths compute the same thing. After eos_token_id a row keeps
+        emitting eos; generation stops early once every row has.
+        """
+        was_training = self.training
+        self.eval()  # dropout would make every path (and every call) disagree
+        bs = self.config.block_size
+        B = idx.size(0)
+        mask = torch.ones_like(idx) if attention_mask is None else attention_mask.to(idx.device).long()
+        finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
+        cache = None
+        start_len = idx.size(1)
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits = self(idx[:, -bs:], attention_mask=mask[:, -bs:])
+            elif cache is None or idx.size(1) > bs:  # prefill, or re-prefill the cropped context
+                cache = self.new_cache(B)
+                logits = self(idx[:, -bs:], attention_mask=mask[:, -bs:], cache=cache)
+            else:  # decode one token against the cache
+                logits = self(idx[:, -1:], attention_mask=mask[:, -1:], cache=cache)
+            logits = logits[:, -1, :].float()  # (B, V)
+            next_id = self._sample(logits, temperature, top_k, top_p, generator)  # (B, 1)
+            if eos_token_id is not None:
+                next_id = next_id.masked_fill(finished[:, None], eos_token_id)
+                finished |= next_id[:, 0] == eos_token_id
+            idx = torch.cat((idx, next_id), dim=1)
+            mask = torch.cat((mask, torch.ones_like(next_id)), dim=1)
+            if eos_token_id is not None and bool(finished.all()):
+                break
+        remaining = start_len + max_new_tokens - idx.size(1)
+        if remaining > 0:  # stopped early on eos: keep the promised shape
+            idx = torch.cat((idx, idx.new_full((B, remaining), eos_token_id)), dim=1)
+        self.train(was_training)
+        return idx
+
+    @staticmethod
+    def _sample(logits, temperature, top_k, top_p, generator):
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if top_p is not None and top_p < 1.0:
+            # nucleus: keep the smallest set of most likely tokens whose probability reaches top_p
+            sorted_logits, order = torch.sort(logits, descending=True)
+            probs = F.softmax(sorted_logits, dim=-1)
+            drop = probs.cumsum(dim=-1) - probs >= top_p  # mass strictly before this token already reaches top_p
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+        probs = F.softmax(logits, dim=-1)
+        return torch.multinomial(probs, num_samples=1, generator=generator)

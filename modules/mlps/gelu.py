@@ -1,0 +1,18 @@
+"""The GPT-2 MLP: d -> 4d -> GELU -> d."""
+import torch.nn.functional as F
+from torch import nn
+
+
+class GeluMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
+        self.c_proj.residual = True  # marks a residual-stream output projection for the scaled GPT-2 init
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def activation(self, h):
+        return F.gelu(h, approximate="tanh")  # GPT-2's tanh approximation
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.activation(self.c_fc(x))))  # (B, T, C) -> (B, T, H) -> (B, T, C)

@@ -1,0 +1,104 @@
+"""Analytic sizes: the GPT-2 small parameter count, FLOPs per token, KV-cache bytes per token."""
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from modules import accounting
+from modules.config import build_config
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread, and the CI machine's cores are shared: more threads only contend."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def test_gpt2_124m_has_exactly_gpt2_small_parameter_count():
+    """GPT-2 small (HF `gpt2`) has 124,439,808 parameters. With V=50257, T=1024, d=768, 12 layers, biases,
+    learned positions, LayerNorm, 4d GELU MLP, fused qkv and a tied lm_head:
+      token embedding   50257 * 768                       = 38,597,376
+      position table     1024 * 768                       =    786,432
+      per layer: ln_1 + ln_2 (weight + bias)   2 * 2 * 768 =      3,072
+                 attn c_attn 768 * 2304 + 2304             =  1,771,776
+                 attn c_proj 768 * 768 + 768               =    590,592
+                 mlp c_fc    768 * 3072 + 3072             =  2,362,368
+                 mlp c_proj  3072 * 768 + 768              =  2,360,064
+                 one layer                                 =  7,087,872;  x 12 = 85,054,464
+      final LayerNorm    2 * 768                          =      1,536
+      lm_head: tied to the token embedding                =          0
+      total                                               = 124,439,808
+    Counted both analytically and on a real model built on the meta device (shapes only, no memory)."""
+    cfg = _compose("model=gpt2-124m", "tokenizer=gpt2")
+    assert cfg.model.vocab_size == 50257
+    counts = accounting.param_counts(cfg.model)
+    assert counts["params"] == 124_439_808
+    assert counts["params_non_embedding"] == 124_439_808 - 38_597_376 - 786_432
+    with torch.device("meta"):
+        model = instantiate(cfg.model)
+    assert sum(p.numel() for p in model.parameters()) == 124_439_808
+    assert model.num_params(non_embedding=True) == counts["params_non_embedding"]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small-cpu", "baby", "gpt2-124m"])
+@pytest.mark.parametrize("family", [[], ["position=rope", "norm=rmsnorm", "mlp=swiglu", "attention=gqa"],
+                                    ["attention=mla", "norm.qk_norm=true", "mlp=geglu", "position=alibi"]])
+def test_presets_analytic_params_equal_meta_model(preset, family):
+    cfg = _compose(f"model={preset}", *family)
+    with torch.device("meta"):
+        model = instantiate(cfg.model)
+    assert accounting.param_counts(cfg.model)["params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_gated_mlps_are_parameter_matched():
+    base = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=384)
+    gelu = accounting.param_counts(build_config(**base, mlp="gelu"))["params"]
+    for name in ("swiglu", "geglu"):
+        gated = accounting.param_counts(build_config(**base, mlp=name))["params"]
+        assert gated == gelu  # 384: 8/3 d = 1024 exactly, so the match is exact here
+    small = dict(base, n_embd=128)  # 8/3 * 128 = 341.3 -> 344: within 1%
+    g, s = (accounting.param_counts(build_config(**small, mlp=m))["params_non_embedding"] for m in ("gelu", "swiglu"))
+    assert abs(s - g) / g < 0.01
+
+
+def test_flops_per_token_formula():
+    c = build_config(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
+    d, L, V, T = 128, 4, 256, 64
+    n_matmul = L * (d * 3 * d + d * d + 2 * d * 4 * d) + V * d  # qkv, proj, mlp; lm_head
+    assert accounting.flops_per_token(c) == 6 * n_matmul + 12 * L * d * T  # PaLM: 6N + 12 L d T
+    assert accounting.flops_per_token(c, seq_len=16) == 6 * n_matmul + 12 * L * d * 16
+    # a sliding window caps the attention term; a window >= T changes nothing
+    sl = lambda w: build_config(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128,  # noqa: E731
+                                attention={"name": "sliding", "window": w})
+    assert accounting.flops_per_token(sl(16)) == 6 * n_matmul + 12 * L * d * 16
+    assert accounting.flops_per_token(sl(64)) == accounting.flops_per_token(c)
+    # fewer kv heads: fewer matmul weights
+    gqa = build_config(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128,
+                       attention={"name": "gqa", "n_kv_head": 1})
+    assert accounting.flops_per_token(gqa) == accounting.flops_per_token(c) - 6 * L * d * 2 * (d - d // 4)
+
+
+def test_kv_bytes_per_token_by_variant():
+    base = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128)
+    per = lambda **kw: accounting.kv_cache_bytes_per_token(build_config(**base, **kw), torch.bfloat16)  # noqa
+    assert per() == 4 * 2 * 128 * 2                               # L * (k + v) * d * 2 bytes
+    assert per(attention={"name": "gqa", "n_kv_head": 2}) == per() // 2
+    assert per(attention="mqa") == per() // 4
+    assert per(attention={"name": "mla"}) == 4 * (64 + 16) * 2    # L * (d_c + d_r) * 2 bytes
+    sliding = build_config(**base, attention={"name": "sliding", "window": 8})
+    assert accounting.kv_cache_bytes(sliding, 1000, batch_size=2) == 2 * 8 * per()
+    assert accounting.kv_cache_bytes(sliding, 5, dtype=torch.float32) == 5 * 2 * per()
+    assert math.isclose(accounting.kv_cache_bytes_per_token(base, torch.float32), 2 * per())  # plain dict works
