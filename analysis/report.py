@@ -1,0 +1,474 @@
+"""Regenerate an ablation report from MLflow: figures, a per-variant table, index.md and index.html.
+
+    python -m analysis.report <experiment-or-filter> [--out DIR] [--baseline VARIANT] [--tracking-uri URI]
+                              [--filter FILTER] [--format png] [--format svg]
+
+`<experiment-or-filter>` is an MLflow experiment name, or else an MLflow search filter over all experiments
+(e.g. "tags.choice.norm = 'rmsnorm'"). The tracking URI is `--tracking-uri`, else MLFLOW_TRACKING_URI, else
+sqlite:///mlflow.db. Same runs in, same bytes out (no dates, sorted everything, fixed figure metadata).
+
+Exit status: 0 report written; 1 report written but no run was usable (it lists what was left out and why);
+2 nothing written: no experiment / no runs matched / bad filter / unknown baseline / missing store.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.plots import loss_curves_figure, quality_figure, save_figure, variant_styles
+from analysis.stats import COMPARE_METRICS, FRONTIERS, SUMMARY_METRICS, variant_table
+from analysis.store import (AnalysisError, RunSet, default_baseline, display_uri, load_runs, metric_histories,
+                            order_variants, shorten, variant_labels)
+
+LOSS_FIGURES = {"loss_vs_step": "step", "loss_vs_tokens": "tokens_seen", "loss_vs_time": "elapsed_sec"}
+QUALITY_FIGURES = {  # figure -> frontier name in stats.FRONTIERS
+    "quality_vs_kv_cache": "kv_cache",
+    "quality_vs_train_throughput": "train_throughput",
+    "quality_vs_decode_throughput": "decode_throughput",
+}
+TOP_FILES = ("index.md", "index.html", "summary.md", "summary.csv", "runs.csv", "left_out.csv")
+RUN_COLUMNS = ("variant", "label", "seed", "run_name", "run_id", "experiment", "git_commit", "git_dirty", "data_fingerprint",
+               "tokenizer", "precision", "device", "final_val_loss", "final_val_bpb", "final_tokens_per_sec",
+               "final_mfu", "params", "params_non_embedding", "flops_per_token", "kv_cache_bytes_per_token",
+               "prefill_tokens_per_sec", "decode_tokens_per_sec", "decode_tokens_per_sec_nocache")
+METRIC_NAMES = {
+    "final_val_bpb": "val bpb (bits/byte)",
+    "final_val_loss": "val loss (nats/token)",
+    "final_tokens_per_sec": "train tokens/s",
+}
+
+
+@dataclass
+class Report:
+    out: Path
+    runset: RunSet
+    baseline: str | None
+    table: pd.DataFrame
+    left_out: pd.DataFrame  # run-level and figure-level exclusions
+    labels: dict = field(default_factory=dict)
+    shared: list = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if len(self.runset.included) else 1
+
+
+# ---------------------------------------------------------------- formatting
+def _fmt(v: float, kind: str) -> str:
+    if v is None or not np.isfinite(v):
+        return "n/a"
+    if kind == "loss":
+        return f"{v:.4f}"
+    if kind == "pct":
+        return f"{100 * v:.2f}%" if abs(v) >= 0.001 else f"{100 * v:.2g}%"
+    if kind == "int":
+        return f"{v:,.0f}"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+KIND = {"final_val_loss": "loss", "final_val_bpb": "loss", "final_mfu": "pct", "params": "int",
+        "kv_cache_bytes_per_token": "int", "final_tokens_per_sec": "rate", "decode_tokens_per_sec": "rate"}
+
+
+def _mean_std(row, m: str) -> str:
+    kind = KIND.get(m, "rate")
+    mean, std, n = row[f"{m}_mean"], row[f"{m}_std"], row[f"{m}_n"]
+    if n == 0:
+        return "n/a"
+    if n == 1 or not np.isfinite(std) or std == 0:
+        return _fmt(mean, kind)
+    return f"{_fmt(mean, kind)} ± {_fmt(std, kind)}"
+
+
+def _signed(v: float, kind: str) -> str:
+    s = _fmt(abs(v), kind)
+    return s if s == "n/a" else ("+" if v >= 0 else "−") + s
+
+
+def _delta(row, m: str) -> tuple[str, str, str]:
+    """(difference [95% CI], p-value, verdict) strings for metric m of a table row."""
+    verdict = row[f"verdict_{m}"]
+    if verdict == "baseline":
+        return "baseline", "", ""
+    kind = KIND.get(m, "rate")
+    d, lo, hi, p = row[f"delta_{m}"], row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"], row[f"p_{m}"]
+    diff = _signed(d, kind)
+    if np.isfinite(lo):
+        diff += f" [{_signed(lo, kind)}, {_signed(hi, kind)}]"
+    ptxt = "n/a" if not np.isfinite(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")
+    return diff, ptxt, verdict
+
+
+def _md_cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+# ---------------------------------------------------------------- document model (rendered to md and html)
+def _md_inline_to_html(text: str) -> str:
+    out = html.escape(text)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    out = re.sub(r"\[([^\]]+)\]\((#[a-z0-9-]+)\)", r'<a href="\2">\1</a>', out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+
+
+def render_markdown(blocks) -> str:
+    parts = []
+    for b in blocks:
+        kind = b[0]
+        if kind == "h1":
+            parts.append(f"# {b[1]}")
+        elif kind == "h2":
+            parts.append(f"## {b[1]}")
+        elif kind == "p":
+            parts.append(b[1])
+        elif kind == "ul":
+            parts.append("\n".join(f"- {item}" for item in b[1]))
+        elif kind == "code":
+            parts.append(f"```\n{b[1]}\n```")
+        elif kind == "img":
+            parts.append(f"![{b[1]}]({b[2]})")
+        elif kind == "table":
+            headers, rows = b[1], b[2]
+            lines = ["| " + " | ".join(_md_cell(h) for h in headers) + " |",
+                     "|" + "|".join("---" for _ in headers) + "|"]
+            lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:.9em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}
+th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}code,pre{background:#f6f6f6}pre{padding:.6em}"""
+
+
+def render_html(blocks, title: str) -> str:
+    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+             f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style>", "</head>", "<body>"]
+    for b in blocks:
+        kind = b[0]
+        if kind in ("h1", "h2"):
+            anchor = re.sub(r"[^a-z0-9]+", "-", b[1].lower()).strip("-")
+            parts.append(f'<{kind} id="{anchor}">{_md_inline_to_html(b[1])}</{kind}>')
+        elif kind == "p":
+            parts.append(f"<p>{_md_inline_to_html(b[1])}</p>")
+        elif kind == "ul":
+            parts.append("<ul>" + "".join(f"<li>{_md_inline_to_html(i)}</li>" for i in b[1]) + "</ul>")
+        elif kind == "code":
+            parts.append(f"<pre><code>{html.escape(b[1])}</code></pre>")
+        elif kind == "img":
+            parts.append(f'<p><img src="{html.escape(b[2])}" alt="{html.escape(b[1])}"></p>')
+        elif kind == "table":
+            head = "".join(f"<th>{_md_inline_to_html(str(h))}</th>" for h in b[1])
+            body = "".join("<tr>" + "".join(f"<td>{_md_inline_to_html(str(c))}</td>" for c in r) + "</tr>"
+                           for r in b[2])
+            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    parts += ["</body>", "</html>"]
+    return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------- tables
+def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    headers = ["variant", "seeds"] + [label for _, label in SUMMARY_METRICS] + [
+        "Δ val bpb vs baseline [95% CI]", "p (Welch)", "verdict"]
+    rows = []
+    for _, r in table.iterrows():
+        seeds = f"{r['n_runs']} ({r['seeds'].replace(';', ', ')})" if r["seeds"] else str(r["n_runs"])
+        rows.append([f"`{r.get('label', r['variant'])}`", seeds] + [_mean_std(r, m) for m, _ in SUMMARY_METRICS]
+                    + list(_delta(r, "final_val_bpb")))
+    return headers, rows
+
+
+def comparison_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    headers = ["variant", "metric", "difference to baseline [95% CI]", "p (Welch)", "verdict"]
+    rows = []
+    for _, r in table.iterrows():
+        if r["is_baseline"]:
+            continue
+        for m in COMPARE_METRICS:
+            rows.append([f"`{r.get('label', r['variant'])}`", METRIC_NAMES.get(m, m), *_delta(r, m)])
+    return headers, rows
+
+
+def _figure_left_out(included: pd.DataFrame, hist: pd.DataFrame) -> list[dict]:
+    """Runs that are results but are missing from one figure (missing metric / history)."""
+    rows = []
+
+    def add(r, scope, reason):
+        rows.append({"run_id": r["run_id"], "run_name": r["run_name"], "variant": r["variant"], "seed": r["seed"],
+                     "status": r["status"], "scope": scope, "reason": reason})
+
+    keys = {rid: set(g["key"]) for rid, g in hist.groupby("run_id")} if len(hist) else {}
+    for _, r in included.iterrows():
+        have = keys.get(r["run_id"], set())
+        for fig, x in LOSS_FIGURES.items():
+            missing = [k for k in ("train/loss", "val/loss") if k not in have]
+            if x != "step" and x not in have:
+                missing.append(x)
+            if missing:
+                add(r, f"figure {fig}", "missing metric history " + ", ".join(missing))
+        for fig, frontier in QUALITY_FIGURES.items():
+            xm = FRONTIERS[frontier][0]
+            if not np.isfinite(float(r[xm])):
+                add(r, f"figure {fig}", f"missing metric {xm}")
+    return rows
+
+
+def _counts(frame: pd.DataFrame, col: str) -> list[str]:
+    vals = frame[col].fillna("(not recorded)").astype(str)
+    return [f"`{k}`: {n} run{'s' if n != 1 else ''}" for k, n in sorted(vals.value_counts().items())]
+
+
+@dataclass
+class Prepared:
+    """Everything the report (and the notebooks) draw from: runs, baseline, colours, per-variant table, histories."""
+
+    runset: RunSet
+    baseline: str | None
+    variants: list[str]
+    styles: dict
+    table: pd.DataFrame
+    hist: pd.DataFrame
+    left_out: pd.DataFrame  # run-level (scope `report`) and figure-level exclusions
+    labels: dict  # variant -> short display label
+    shared: list  # override words shared by every variant (dropped from the labels)
+
+
+def prepare(query: str, tracking_uri: str | None = None, baseline: str | None = None,
+            filter_string: str = "") -> Prepared:
+    """Load and summarise the runs of `query` (experiment name or MLflow filter). Raises AnalysisError when no run
+    matched or the baseline has no usable runs."""
+    runset = load_runs(query, tracking_uri, filter_string)
+    if runset.runs.empty:
+        raise AnalysisError(f"no runs for {runset.description} at {display_uri(runset.tracking_uri)}; "
+                            "nothing written")
+    included = runset.included
+    variants = order_variants(included["variant"].unique()) if len(included) else []
+    labels, shared = variant_labels(included)
+    by_label = {lab: v for v, lab in labels.items()}
+    if baseline is not None and baseline not in variants and baseline in by_label:
+        baseline = by_label[baseline]
+    if baseline is not None and baseline not in variants:
+        raise AnalysisError(f"baseline variant {baseline!r} has no usable runs; variants with results: "
+                            + (", ".join(repr(labels[v]) for v in variants) or "none"))
+    if baseline is None:
+        baseline = default_baseline(included)
+    variants = order_variants(variants, baseline)
+    styles = variant_styles(variants)
+    table = variant_table(included, baseline)
+    if len(table):
+        table.insert(1, "label", table["variant"].map(labels))
+    included.insert(included.columns.get_loc("variant") + 1, "label", included["variant"].map(labels))
+    hist = metric_histories(included["run_id"], tracking_uri=runset.tracking_uri) if len(included) else \
+        pd.DataFrame(columns=["run_id", "key", "step", "value", "timestamp"])
+    left_out = pd.concat([runset.left_out, pd.DataFrame(_figure_left_out(included, hist),
+                                                        columns=runset.left_out.columns)], ignore_index=True)
+    if len(left_out):
+        left_out["seed"] = left_out["seed"].astype("Int64")
+        left_out["_order"] = left_out["scope"] != "report"
+        left_out = left_out.sort_values(["_order", "scope", "variant", "seed", "run_id"], na_position="last")
+        left_out = left_out.drop(columns="_order").reset_index(drop=True)
+    return Prepared(runset, baseline, variants, styles, table, hist, left_out, labels, shared)
+
+
+def summary_markdown(table: pd.DataFrame) -> str:
+    """The per-variant table (mean ± std, difference to baseline) as Markdown."""
+    if table.empty:
+        return "No usable runs.\n"
+    return render_markdown([("table", *summary_rows(table))])
+
+
+def left_out_markdown(left_out: pd.DataFrame, shared=()) -> str:
+    """What was left out and why, as Markdown (variants shortened by the words `shared` by all results)."""
+    if left_out.empty:
+        return "Nothing was left out.\n"
+    return render_markdown([("table", *_left_out_rows(left_out, shared))])
+
+
+def _left_out_rows(lo: pd.DataFrame, shared=()):
+    rows = [[f"{shorten(r['run_name'], shared)} (`{r['run_id']}`)", f"`{shorten(r['variant'], shared)}`",
+             "" if pd.isna(r["seed"]) else str(r["seed"]), r["status"], r["scope"], r["reason"]]
+            for _, r in lo.iterrows()]
+    return ["run", "variant", "seed", "status", "scope", "reason"], rows
+
+
+# ---------------------------------------------------------------- the report
+def build_report(query: str, out: str | Path, baseline: str | None = None, tracking_uri: str | None = None,
+                 filter_string: str = "", formats=("png",)) -> Report:
+    """Read the runs, write every file of the report into `out`, return a Report. Raises AnalysisError when nothing
+    can be written (no such experiment, no runs, unknown baseline, ...)."""
+    data = prepare(query, tracking_uri=tracking_uri, baseline=baseline, filter_string=filter_string)
+    runset, included, baseline, styles, table, hist = (data.runset, data.runset.included, data.baseline,
+                                                      data.styles, data.table, data.hist)
+    left_out = data.left_out
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    figdir = out / "figures"
+    all_figs = list(LOSS_FIGURES) + list(QUALITY_FIGURES)
+    for name in TOP_FILES:  # only our own files: never wipe a folder
+        (out / name).unlink(missing_ok=True)
+    for name in all_figs:
+        for ext in ("png", "svg", "pdf"):
+            (figdir / f"{name}.{ext}").unlink(missing_ok=True)
+    report = Report(out=out, runset=runset, baseline=baseline, table=table, left_out=left_out, labels=data.labels,
+                    shared=data.shared)
+
+    figures: dict[str, str] = {}
+    if len(included):
+        for name, x in LOSS_FIGURES.items():
+            fig = loss_curves_figure(hist, included, styles, x=x, labels=data.labels)
+            figures[name] = _save(fig, figdir, name, formats, report)
+        for name, frontier in QUALITY_FIGURES.items():
+            xm, maximize = FRONTIERS[frontier]
+            fig = quality_figure(included, table, styles, xm, maximize_x=maximize, labels=data.labels)
+            figures[name] = _save(fig, figdir, name, formats, report)
+
+    # machine-readable tables
+    _write(out / "summary.csv", table.to_csv(index=False, float_format=None, lineterminator="\n"), report)
+    runs_csv = included[[c for c in RUN_COLUMNS if c in included.columns]
+                        + sorted(c for c in included.columns if c.startswith("choice."))]
+    _write(out / "runs.csv", runs_csv.to_csv(index=False, lineterminator="\n"), report)
+    _write(out / "left_out.csv", left_out.to_csv(index=False, lineterminator="\n"), report)
+
+    blocks = _blocks(report, figures, filter_string)
+    title = f"Ablation report: {runset.description}"
+    _write(out / "summary.md", summary_markdown(table), report)
+    _write(out / "index.md", render_markdown(blocks), report)
+    _write(out / "index.html", render_html(blocks, title), report)
+    report.files.sort()
+    return report
+
+
+def _save(fig, figdir: Path, name: str, formats, report: Report) -> str:
+    for ext in formats:
+        report.files.append(save_figure(fig, figdir / f"{name}.{ext}"))
+    return f"figures/{name}.{formats[0]}"
+
+
+def _write(path: Path, text: str, report: Report) -> None:
+    path.write_text(text, encoding="utf-8", newline="\n")
+    report.files.append(path)
+
+
+def _command(report: Report, filter_string: str) -> str:
+    args = ["python", "-m", "analysis.report", report.runset.query,
+            "--tracking-uri", display_uri(report.runset.tracking_uri)]
+    if filter_string:
+        args += ["--filter", filter_string]
+    if report.baseline:
+        args += ["--baseline", report.labels.get(report.baseline, report.baseline)]
+    return " ".join(shlex.quote(a) for a in args) + " --out DIR"
+
+
+def _blocks(report: Report, figures: dict, filter_string: str) -> list:
+    rs, table = report.runset, report.table
+    inc, runs = rs.included, rs.runs
+    n_left = int((report.left_out["scope"] == "report").sum()) if len(report.left_out) else 0
+    b: list = [("h1", f"Ablation report: {rs.description}")]
+    b.append(("p", f"MLflow tracking URI `{display_uri(rs.tracking_uri)}`; experiments: "
+                   + ", ".join(f"`{e}`" for e in sorted(runs["experiment"].astype(str).unique())) + ". "
+                   f"**{len(inc)}** finished runs of **{len(table)}** variants are results; "
+                   f"{n_left} of {len(runs)} matched runs were left out (see [Left out](#left-out))."))
+    if not len(inc):
+        b.append(("p", "**No usable runs**: no finished run with the required metrics (`final_val_loss`, "
+                       "`final_val_bpb`). Nothing to plot; see below for what was left out and why."))
+    else:
+        if report.shared:
+            b.append(("p", "Variants are named by their overrides (the MLflow `variant` tag) without those "
+                           "shared by all: `" + " ".join(report.shared) + "`."))
+        b.append(("p", f"Baseline variant: `{report.labels[report.baseline]}`. Values are mean ± std over seeds (sample std, "
+                       "ddof=1); differences are variant minus baseline with a 95% Welch confidence interval and "
+                       "Welch's t-test p-value; **not significant** means p ≥ 0.05; n/a with fewer than two "
+                       "seeds on either side."))
+        b.append(("h2", "Results per variant"))
+        h, r = summary_rows(table)
+        b.append(("table", h, r))
+        h, r = comparison_rows(table)
+        if r:
+            b.append(("p", "Differences to the baseline:"))
+            b.append(("table", h, r))
+        b.append(("p", "Machine-readable: `summary.csv` (per variant), `runs.csv` (per run), `left_out.csv`."))
+        b.append(("h2", "Quality against KV-cache size"))
+        b.append(("img", "val bpb against KV-cache bytes per token", figures["quality_vs_kv_cache"]))
+        for frontier, label in (("kv_cache", "val bpb vs KV-cache bytes/token"),
+                                ("train_throughput", "val bpb vs training tokens/s"),
+                                ("decode_throughput", "val bpb vs decode tokens/s")):
+            front = [f"`{v}`" for v in table.loc[table[f"pareto_{frontier}"], "label"]]
+            b.append(("p", f"Pareto-optimal variants ({label}): " + (", ".join(front) or "none") + "."))
+            if frontier == "kv_cache":
+                b.append(("h2", "Quality against throughput"))
+                b.append(("img", "val bpb against training tokens/s", figures["quality_vs_train_throughput"]))
+                b.append(("img", "val bpb against decode tokens/s", figures["quality_vs_decode_throughput"]))
+        b.append(("h2", "Loss curves"))
+        b.append(("p", "Mean over seeds; the band is ±1 std over seeds."))
+        b.append(("img", "train and val loss against step", figures["loss_vs_step"]))
+        b.append(("img", "train and val loss against training tokens", figures["loss_vs_tokens"]))
+        b.append(("img", "train and val loss against wall-clock time", figures["loss_vs_time"]))
+    b.append(("h2", "Provenance"))
+    src = inc if len(inc) else runs
+    b.append(("p", "Git commits of the " + ("results" if len(inc) else "matched runs") + ":"))
+    b.append(("ul", _counts(src.assign(git_commit=src["git_commit"].fillna("(not recorded)").astype(str)
+                                       + np.where(src["git_dirty"].astype(str).str.lower() == "true",
+                                                  " (dirty)", "")), "git_commit")))
+    b.append(("p", "Data fingerprints:"))
+    b.append(("ul", _counts(src, "data_fingerprint")))
+    b.append(("h2", "Left out"))
+    lo = report.left_out
+    if not len(lo):
+        b.append(("p", f"Nothing: all {len(runs)} matched runs are finished, have the required metrics and appear "
+                       "in every figure."))
+    else:
+        b.append(("p", "Runs not shown as results (scope `report`) or missing from one figure, and why:"))
+        b.append(("table", *_left_out_rows(lo, report.shared)))
+    b.append(("h2", "Regenerate"))
+    b.append(("code", _command(report, filter_string)))
+    return b
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("query", help="MLflow experiment name, or an MLflow search filter over all experiments")
+    parser.add_argument("--out", default=None, help="output folder (default: reports/<experiment>)")
+    parser.add_argument("--baseline", default=None,
+                        help="variant to compare against (default: a variant named 'baseline', else the one "
+                             "closest to the GPT-2 choices learned/layernorm/gelu/mha, else the first by name)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    parser.add_argument("--filter", default="", help="extra MLflow filter string on the experiment's runs")
+    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), dest="formats",
+                        help="figure format(s); repeatable (default: png)")
+    args = parser.parse_args(argv)
+    out = args.out or str(Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", args.query).strip("_") or "report"))
+    try:
+        report = build_report(args.query, out, baseline=args.baseline, tracking_uri=args.tracking_uri,
+                              filter_string=args.filter, formats=tuple(args.formats or ("png",)))
+    except AnalysisError as exc:
+        print(f"analysis.report: error: {exc}", file=sys.stderr)
+        return 2
+    rs = report.runset
+    n_left = int((report.left_out["scope"] == "report").sum()) if len(report.left_out) else 0
+    print(f"report for {rs.description}: {len(rs.included)} runs of {len(report.table)} variants, "
+          f"{n_left} left out -> {Path(out) / 'index.md'}")
+    if report.exit_code:
+        print("analysis.report: no usable run (none finished with final_val_loss and final_val_bpb); the report "
+              "lists what was left out", file=sys.stderr)
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
