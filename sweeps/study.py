@@ -1,0 +1,755 @@
+"""The sweep worker: create/join an Optuna study and run trials through ``ablations.train.train`` until the
+study's trial budget (``sweep.n_trials``, a total over all workers and invocations) is used up.
+
+Every worker runs the same loop, so N workers are just N copies of ``python -m sweeps.run sweep=... `` pointed
+at the same storage:
+
+1. under the study's budget lock: fail trials whose worker stopped sending heartbeats (and re-queue each once),
+   count the trials that use the budget, and ``ask`` for a trial (a queued/retried one first) if any is left;
+2. compose the trial's config with Hydra (user overrides + the sweep's fixed overrides + sampled values),
+   validate the model config, train, report ``val/loss`` to the pruner at every validation;
+3. ``tell`` Optuna COMPLETE / PRUNED / FAIL (user attr ``fail_reason``) and tag the MLflow run ``optuna.state``.
+
+When the budget is used up a worker waits (``sweep.wait_for_running``) while other workers' trials still run,
+so a trial whose worker dies is retried rather than lost; then it prints the best trial(s) / Pareto front.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import optuna
+from omegaconf import DictConfig, OmegaConf, open_dict
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeps.space import SearchSpace, SpaceError, format_value, to_overrides
+from sweeps.storage import (
+    BudgetLock,
+    Heartbeat,
+    budget_used,
+    check_url,
+    fail_stale_trials,
+    make_storage,
+    mask_url,
+    normalize_url,
+    retried_numbers,
+)
+
+log = logging.getLogger("sweeps")
+# Heartbeats, retry callback, metric names, multivariate TPE: all "experimental" in Optuna 5 and used on purpose.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+# Keys of the dict ablations.train.train returns (docs/CONTRACTS.md): what an objective may name.
+RESULT_METRICS = (
+    "val_loss", "val_bpb", "tokens_per_sec", "mfu", "params", "params_non_embedding",
+    "kv_cache_bytes_per_token", "decode_tokens_per_sec", "flops_per_token", "steps",
+)
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+TrainFn = Callable[..., Mapping[str, Any]]
+
+
+class SweepError(Exception):
+    """A user-facing error: the CLI prints it as one line and exits non-zero."""
+
+
+# --------------------------------------------------------------------------------------------------- config
+
+
+def available_sweeps(conf_dir: Path = CONF_DIR) -> list[str]:
+    return sorted(p.stem for p in (conf_dir / "sweep").glob("*.yaml"))
+
+
+def _parse_overrides(overrides: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception as e:  # hydra's OverrideParseException
+        raise SweepError(f"bad override: {str(e).strip().splitlines()[0]}") from None
+
+
+def _override_key(o) -> str:
+    return o.key_or_group
+
+
+def _is_sweep_key(key: str) -> bool:
+    return key == "sweep" or key.startswith("sweep.") or key.startswith("sweep@")
+
+
+@dataclass
+class Objective:
+    metric: str
+    direction: str  # minimize | maximize
+
+
+@dataclass
+class SweepSettings:
+    name: str
+    study_name: str
+    n_trials: int
+    storage: str
+    objectives: list[Objective]
+    sampler: dict[str, Any]
+    pruner: dict[str, Any]
+    monitor: str
+    heartbeat_interval: int | None
+    grace_period: int | None
+    max_retry: int | None
+    wait_for_running: bool
+    timeout: float | None
+    mlflow_experiment: str | None
+    overrides: list[str]
+    enqueue: list[dict[str, Any]]
+    space: SearchSpace
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.objectives) > 1
+
+    @classmethod
+    def from_config(cls, name: str, sweep: Mapping[str, Any]) -> "SweepSettings":
+        s = dict(sweep)
+
+        def pop(key: str, default: Any = None) -> Any:
+            return s.pop(key, default)
+
+        def as_named(value: Any, what: str) -> dict[str, Any]:
+            if value is None:
+                return {"name": "none"}
+            if isinstance(value, str):
+                return {"name": value}
+            if isinstance(value, Mapping) and "name" in value:
+                return dict(value)
+            raise SweepError(f"sweep.{what}: expected a name or a mapping with 'name', got {value!r}")
+
+        objectives = []
+        for i, o in enumerate(pop("objectives") or []):
+            if isinstance(o, str):
+                o = {"metric": o}
+            metric, direction = o.get("metric"), str(o.get("direction", "minimize")).lower()
+            if metric not in RESULT_METRICS:
+                raise SweepError(f"sweep.objectives[{i}].metric={metric!r}: valid metrics: {', '.join(RESULT_METRICS)}")
+            if direction not in ("minimize", "maximize"):
+                raise SweepError(f"sweep.objectives[{i}].direction={direction!r}: valid: minimize, maximize")
+            objectives.append(Objective(metric, direction))
+        if not objectives:
+            raise SweepError("sweep.objectives is empty: give e.g. [{metric: val_bpb, direction: minimize}]")
+        try:
+            n_trials = int(pop("n_trials", 10))
+        except (TypeError, ValueError):
+            raise SweepError(f"sweep.n_trials must be an integer, got {sweep.get('n_trials')!r}") from None
+        if n_trials < 1:
+            raise SweepError(f"sweep.n_trials must be >= 1, got {n_trials}")
+        try:
+            space = SearchSpace.from_config(pop("space"))
+        except SpaceError as e:
+            raise SweepError(str(e)) from None
+        enqueue = [dict(p) for p in (pop("enqueue") or [])]
+        settings = cls(
+            name=name,
+            study_name=str(pop("study_name") or name),
+            n_trials=n_trials,
+            storage=str(pop("storage") or "sqlite:///optuna.db"),
+            objectives=objectives,
+            sampler=as_named(pop("sampler", "tpe"), "sampler"),
+            pruner=as_named(pop("pruner", "none"), "pruner"),
+            monitor=str(pop("monitor", "val/loss")),
+            heartbeat_interval=pop("heartbeat_interval", 60),
+            grace_period=pop("grace_period", 180),
+            max_retry=pop("max_retry", 1),
+            wait_for_running=bool(pop("wait_for_running", True)),
+            timeout=pop("timeout"),
+            mlflow_experiment=pop("mlflow_experiment"),
+            overrides=[str(o) for o in (pop("overrides") or [])],
+            enqueue=enqueue,
+            space=space,
+        )
+        s.pop("description", None)
+        if s:
+            raise SweepError(f"conf/sweep/{name}.yaml: unknown key(s) {sorted(s)}")
+        return settings
+
+
+def _build(cls, what: str, name: str, args: dict[str, Any], notes: list[str]):
+    """``cls(**args)`` keeping only the arguments ``cls`` takes (switching e.g. sweep.pruner.name=hyperband on
+    the command line leaves the YAML's median-only arguments behind: they are ignored with a note)."""
+    import inspect
+
+    params = inspect.signature(cls).parameters
+    keep = {k: v for k, v in args.items() if k in params}
+    dropped = sorted(set(args) - set(keep))
+    if dropped:
+        notes.append(f"note: sweep.{what} '{name}' ignores {', '.join(dropped)}")
+    try:
+        return cls(**keep)
+    except (TypeError, ValueError) as e:
+        raise SweepError(f"sweep.{what} '{name}': {e}") from None
+
+
+def make_sampler(settings: SweepSettings, notes: list[str] | None = None) -> optuna.samplers.BaseSampler:
+    notes = [] if notes is None else notes
+    args = dict(settings.sampler)
+    name = str(args.pop("name")).lower()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            has_conditions = any(p.when for p in settings.space.params)
+            # multivariate + group: joint model of (conditional) parameters; constant_liar: parallel workers
+            # see each other's running trials and do not all pick the same point.
+            kw = dict(multivariate=True, constant_liar=True, group=has_conditions)
+            kw.update(args)
+            return _build(optuna.samplers.TPESampler, "sampler", name, kw, notes)
+        if name in ("nsga2", "nsgaii"):
+            return _build(optuna.samplers.NSGAIISampler, "sampler", name, args, notes)
+        if name == "random":
+            return _build(optuna.samplers.RandomSampler, "sampler", name, args, notes)
+    raise SweepError(f"sweep.sampler={name!r}: valid samplers: tpe, nsga2, random")
+
+
+def make_pruner(settings: SweepSettings, trainer_cfg: Mapping[str, Any],
+                notes: list[str] | None = None) -> optuna.pruners.BasePruner:
+    """The pruner (NopPruner, with a note, where pruning is not supported)."""
+    notes = [] if notes is None else notes
+    args = dict(settings.pruner)
+    name = str(args.pop("name")).lower()
+    if name not in ("median", "hyperband", "none", "nop"):
+        raise SweepError(f"sweep.pruner={name!r}: valid pruners: median, hyperband, none")
+    if name in ("none", "nop"):
+        return optuna.pruners.NopPruner()
+    if settings.multi_objective:
+        notes.append(f"note: pruning is not supported for multi-objective studies (Optuna's Trial.report/"
+                     f"should_prune are single-objective); pruner '{name}' disabled, every trial trains to the end")
+        return optuna.pruners.NopPruner()
+    strategy = str(trainer_cfg.get("strategy", "auto"))
+    devices = trainer_cfg.get("devices", 1)
+    if "ddp" in strategy or (isinstance(devices, int) and devices > 1) or int(trainer_cfg.get("num_nodes", 1) or 1) > 1:
+        notes.append(f"note: pruning is not supported with multi-process training (trainer.strategy={strategy}, "
+                     f"trainer.devices={devices}); pruner '{name}' disabled. Run one worker per device instead")
+        return optuna.pruners.NopPruner()
+    if name == "median":
+        return _build(optuna.pruners.MedianPruner, "pruner", name, args, notes)
+    # Hyperband on training steps: resources default to the first validation step and trainer.max_steps.
+    val_every = trainer_cfg.get("val_check_interval")
+    if args.get("min_resource") is None:
+        args["min_resource"] = int(val_every) if isinstance(val_every, int) and val_every > 0 else 1
+    if args.get("max_resource") is None:
+        max_steps = trainer_cfg.get("max_steps")
+        args["max_resource"] = int(max_steps) if isinstance(max_steps, int) and max_steps > 0 else "auto"
+    return _build(optuna.pruners.HyperbandPruner, "pruner", name, args, notes)
+
+
+# --------------------------------------------------------------------------------------------------- mlflow
+
+
+def tracking_uri(cfg: DictConfig | None) -> str:
+    """Same rule as the harness: $MLFLOW_TRACKING_URI, else tracking.uri, else sqlite:///mlflow.db in the CWD."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    uri = None
+    if cfg is not None:
+        uri = OmegaConf.select(cfg, "tracking.uri", default=None)
+    return str(uri) if uri else "sqlite:///mlflow.db"
+
+
+class MlflowLinks:
+    """Small MLflow client wrapper: find a trial's run by tags and tag its final Optuna state."""
+
+    def __init__(self, uri: str, experiment: str | None):
+        self.uri = uri
+        self.experiment = experiment
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    def check(self) -> None:
+        """Fail fast (one line) when the tracking store cannot be used; creates its tables on first use."""
+        try:
+            from ablations.tracking import check_reachable
+
+            check_reachable(self.uri)
+        except ImportError:
+            pass
+        except Exception as e:
+            raise SweepError(_short(e).split(": ", 1)[-1]) from None
+        try:
+            self.client.search_experiments(max_results=1)
+            if self.experiment and self.client.get_experiment_by_name(self.experiment) is None:
+                from ablations.tracking import get_or_create_experiment
+
+                get_or_create_experiment(self.client, self.uri, self.experiment)
+        except SweepError:
+            raise
+        except Exception as e:
+            raise SweepError(f"MLflow tracking store {mask_url(self.uri)} cannot be used: {_short(e)}") from None
+
+    def find_run(self, study_name: str, number: int) -> str | None:
+        try:
+            exp = self.client.get_experiment_by_name(self.experiment) if self.experiment else None
+            ids = [exp.experiment_id] if exp is not None else [e.experiment_id for e in self.client.search_experiments()]
+            runs = self.client.search_runs(
+                ids, filter_string=f"tags.`optuna.study` = '{study_name}' and tags.`optuna.trial` = '{number}'",
+                order_by=["attributes.start_time DESC"], max_results=1)
+            return runs[0].info.run_id if runs else None
+        except Exception as e:
+            log.debug("MLflow lookup failed: %s", e)
+            return None
+
+    def run_url(self, run_id: str) -> str | None:
+        """The run's page in the MLflow UI, when tracking goes to an MLflow server (http/https)."""
+        if not self.uri.startswith(("http://", "https://")):
+            return None
+        try:
+            exp_id = self.client.get_run(run_id).info.experiment_id
+            return f"{self.uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}"
+        except Exception:
+            return None
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        try:
+            for k, v in tags.items():
+                self.client.set_tag(run_id, k, v)
+        except Exception as e:
+            print(f"warning: could not tag MLflow run {run_id}: {type(e).__name__}: {e}", file=sys.stderr)
+
+    def kill_if_running(self, run_id: str, reason: str) -> None:
+        try:
+            run = self.client.get_run(run_id)
+            if run.info.status == "RUNNING":
+                self.client.set_tag(run_id, "failure_reason", reason)
+                self.client.set_terminated(run_id, status="KILLED")
+        except Exception as e:
+            log.debug("could not end MLflow run %s: %s", run_id, e)
+
+
+# --------------------------------------------------------------------------------------------------- worker
+
+
+def _short(exc: BaseException, limit: int = 500) -> str:
+    """One line: the exception's type and first line (plus Hydra's 'Available options' list, if any)."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    for i, ln in enumerate(lines):
+        if ln.startswith("Available options"):
+            options = []
+            for opt in lines[i + 1:]:
+                if opt.endswith(":") or "=" in opt or " " in opt:
+                    break
+                options.append(opt)
+            text += f" ({ln.rstrip(':').lower()}: {', '.join(options)})"
+            break
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _values_of(overrides: list[str]) -> dict[str, Any]:
+    """key -> python value for simple (non-sweep) overrides, for ``when`` conditions."""
+    out = {}
+    for o in _parse_overrides(overrides):
+        try:
+            out[_override_key(o)] = o.value()
+        except Exception:
+            pass
+    return out
+
+
+class Sweep:
+    """One worker of one study. ``run()`` returns the process exit code."""
+
+    def __init__(self, overrides: list[str], train_fn: TrainFn | None = None, out=None, conf_dir: Path = CONF_DIR):
+        self.out = out or sys.stdout
+        self.conf_dir = Path(conf_dir)
+        self.train_fn = train_fn
+        self.user_overrides = list(overrides)
+        self._validate_warned = False
+        parsed = _parse_overrides(self.user_overrides)
+        for o in parsed:
+            if o.is_sweep_override():
+                raise SweepError(f"override {o.input_line!r} is a Hydra multirun sweep; a sweep samples values from "
+                                 f"conf/sweep/<name>.yaml instead (one value per key here)")
+        names = available_sweeps(self.conf_dir)
+        sweep_names = [o.value() for o in parsed if _override_key(o) == "sweep" and not o.is_delete()]
+        if not sweep_names or not sweep_names[-1]:
+            raise SweepError(f"no sweep given: use sweep=<name>; valid sweeps: {', '.join(names) or '(none)'}")
+        self.name = str(sweep_names[-1])
+        if self.name not in names:
+            raise SweepError(f"unknown sweep '{self.name}'; valid sweeps: {', '.join(names) or '(none)'} "
+                             f"(files in {self.conf_dir / 'sweep'})")
+        # Everything but the sweep group itself is applied to each trial (the sweep YAML is not a training config).
+        self.trial_user_overrides = [o.input_line for o in parsed if not _is_sweep_key(_override_key(o))]
+
+    # -- hydra
+    def compose(self, overrides: list[str], hydra_config: bool = False) -> DictConfig:
+        from hydra import compose
+
+        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_config)
+
+    def compose_trial(self, overrides: list[str]) -> DictConfig:
+        from hydra.core.hydra_config import HydraConfig
+
+        cfg = self.compose(overrides, hydra_config=True)
+        # Like @hydra.main: HydraConfig.get() works (runtime choices, overrides) and cfg has no `hydra` key.
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return cfg
+
+    def validate_model(self, cfg: DictConfig) -> None:
+        """Raise ValueError for an invalid model config (before any weights, data or MLflow run exist)."""
+        try:
+            from modules.config import build_config
+        except ImportError:
+            return
+        probe = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+        try:
+            vocab = OmegaConf.select(cfg, "model.vocab_size", default=None, throw_on_missing=False)
+        except Exception:
+            vocab = None
+        with open_dict(probe):
+            probe.model.vocab_size = vocab if isinstance(vocab, int) else 256  # char tokenizer: known at run time
+        kwargs = {k: v for k, v in OmegaConf.to_container(probe.model, resolve=True).items() if not k.startswith("_")}
+        try:
+            build_config(**kwargs)
+        except TypeError as e:
+            if not self._validate_warned:
+                self._validate_warned = True
+                print(f"warning: cannot validate model configs before training ({_short(e)})", file=sys.stderr)
+
+    # -- main
+    def run(self) -> int:
+        from hydra import initialize_config_dir
+
+        with initialize_config_dir(config_dir=str(self.conf_dir), version_base="1.3", job_name="sweep"):
+            try:
+                root = self.compose(self.user_overrides)
+            except Exception as e:
+                raise SweepError(f"config error: {_short(e)}") from None
+            sweep_cfg = OmegaConf.to_container(root.sweep, resolve=True) if root.get("sweep") else None
+            if not sweep_cfg:
+                raise SweepError(f"conf/sweep/{self.name}.yaml is empty")
+            self.settings = settings = SweepSettings.from_config(self.name, sweep_cfg)
+            return self._run(root, settings)
+
+    def _base_overrides(self, settings: SweepSettings) -> tuple[list[str], dict[str, Any]]:
+        """Overrides applied to every trial (sweep's fixed overrides, then the user's, later wins per key)."""
+        fixed = _parse_overrides(settings.overrides)
+        user = _parse_overrides(self.trial_user_overrides)
+        user_keys = {_override_key(o) for o in user}
+        merged = [o.input_line for o in fixed if _override_key(o) not in user_keys] + [o.input_line for o in user]
+        keys = {_override_key(o) for o in fixed} | user_keys
+        if settings.mlflow_experiment is not None or not ({"tracking.experiment", "experiment"} & keys):
+            exp = settings.mlflow_experiment or settings.study_name
+            merged = [m for m in merged if _override_key(_parse_overrides([m])[0]) != "tracking.experiment"]
+            merged.append(f"tracking.experiment={format_value(exp)}")
+        return merged, _values_of(merged)
+
+    def _say(self, msg: str) -> None:
+        print(f"[sweep {self.settings.study_name}] {msg}", file=self.out, flush=True)
+
+    def _run(self, root: DictConfig, settings: SweepSettings) -> int:
+        base, fixed_values = self._base_overrides(settings)
+        pinned = {k for k in settings.space.keys if k in fixed_values}
+        space = settings.space.without(pinned)
+        if pinned:
+            self._say(f"not searching {', '.join(sorted(pinned))}: fixed by an override")
+        if not space.params:
+            raise SweepError("every parameter of the search space is fixed by an override: nothing to search")
+        self.space, self.base, self.fixed_values = space, base, fixed_values
+        # A config check before touching the storage: the base config must compose and validate.
+        try:
+            probe = self.compose(base)
+        except Exception as e:
+            raise SweepError(f"config error: {_short(e)}") from None
+        self.uri = tracking_uri(probe)
+        self.mlflow = MlflowLinks(self.uri, OmegaConf.select(probe, "tracking.experiment", default=None))
+        notes: list[str] = []
+        sampler = make_sampler(settings, notes)
+        trainer_cfg = OmegaConf.to_container(probe.trainer, resolve=True) if "trainer" in probe else {}
+        pruner = make_pruner(settings, trainer_cfg, notes)
+        self.pruning = not isinstance(pruner, optuna.pruners.NopPruner)
+        for note in notes:
+            self._say(note)
+
+        check_url(settings.storage)
+        lock = BudgetLock(settings.storage, settings.study_name)
+        directions = [o.direction for o in settings.objectives]
+        with lock():
+            # Under the study's lock: the first workers on a fresh database would race creating the tables.
+            storage = make_storage(settings.storage, settings.heartbeat_interval, settings.grace_period,
+                                   settings.max_retry, on_stale=self._on_stale)
+            self.storage = storage
+            # Open (and on first use create) the MLflow store while holding the study's lock: two workers
+            # creating a fresh mlflow.db at once race in MLflow's schema migration.
+            self.mlflow.check()
+            try:
+                study = optuna.create_study(storage=storage, study_name=settings.study_name, sampler=sampler,
+                                            pruner=pruner, directions=directions, load_if_exists=False)
+                created = True
+            except optuna.exceptions.DuplicatedStudyError:
+                study = optuna.load_study(study_name=settings.study_name, storage=storage, sampler=sampler,
+                                          pruner=pruner)
+                created = False
+            if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
+                have = ", ".join(d.name.lower() for d in study.directions)
+                raise SweepError(f"study '{settings.study_name}' in {mask_url(settings.storage)} has directions "
+                                 f"[{have}], the sweep asks for [{', '.join(directions)}]: use another "
+                                 f"sweep.study_name")
+            if created:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    study.set_metric_names([o.metric for o in settings.objectives])
+                study.set_user_attr("sweep", settings.name)
+                study.set_user_attr("objectives", [f"{o.direction} {o.metric}" for o in settings.objectives])
+                study.set_user_attr("mlflow_tracking_uri", mask_url(self.uri))
+                study.set_user_attr("mlflow_experiment", self.mlflow.experiment)
+                for params in settings.enqueue[: settings.n_trials]:
+                    study.enqueue_trial(params, skip_if_exists=True)
+        self.study = study
+        if lock.warning:
+            self._say(f"warning: {lock.warning}")
+        n_done = len([t for t in study.get_trials(deepcopy=False) if t.state in FINISHED])
+        self._say(f"{'created' if created else 'joined'} study in {mask_url(settings.storage)}: "
+                  f"{n_done} finished of n_trials={settings.n_trials} (total over all workers); "
+                  f"objectives: {', '.join(f'{o.direction} {o.metric}' for o in settings.objectives)}; "
+                  f"sampler {settings.sampler['name']}, pruner {settings.pruner['name'] if self.pruning else 'none'}")
+        try:
+            self._loop(study, lock)
+        finally:
+            lock.close()
+        self.print_summary(study)
+        return 0
+
+    def _loop(self, study: optuna.Study, lock: BudgetLock) -> None:
+        settings = self.settings
+        started = time.monotonic()
+        poll = max(1.0, min(10.0, float(settings.heartbeat_interval or 5)))
+        waiting_said = False
+        while True:
+            if settings.timeout and time.monotonic() - started > float(settings.timeout):
+                self._say(f"sweep.timeout={settings.timeout}s reached: no new trials from this worker")
+                return
+            trial = None
+            with lock():
+                if settings.heartbeat_interval:
+                    stale = fail_stale_trials(study, self._stale_reason())
+                    if stale:
+                        self._say(f"trial(s) {stale} lost their worker (no heartbeat): marked FAIL, re-queued "
+                                  f"up to {settings.max_retry} time(s)")
+                trials = study.get_trials(deepcopy=False)
+                queued = any(t.state == TrialState.WAITING for t in trials)
+                if budget_used(trials) < settings.n_trials or queued:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # "Heartbeat ... supposed to be used with Study.optimize"
+                        trial = study.ask()
+                    heartbeat = Heartbeat(self.storage, trial._trial_id).__enter__()
+            if trial is None:
+                running = [t.number for t in trials if t.state == TrialState.RUNNING]
+                if not running or not settings.wait_for_running:
+                    return
+                if not waiting_said:
+                    self._say(f"budget of {settings.n_trials} trials used; waiting for running trial(s) {running} "
+                              f"(retried here if their worker died)")
+                    waiting_said = True
+                time.sleep(poll)
+                continue
+            waiting_said = False
+            try:
+                self.run_trial(study, trial)
+            except BaseException as e:
+                # A bug or Ctrl-C in the worker itself: never leave the trial RUNNING.
+                with contextlib.suppress(Exception):
+                    if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
+                        trial.set_user_attr("fail_reason", f"sweep worker error: {_short(e)}")
+                        study.tell(trial, state=TrialState.FAIL)
+                raise
+            finally:
+                heartbeat.__exit__()
+
+    def _stale_reason(self) -> str:
+        return (f"worker lost: no heartbeat for {self.settings.grace_period or 2 * self.settings.heartbeat_interval}s "
+                f"(killed, preempted or out of memory)")
+
+    def _on_stale(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """Before a stale trial is re-queued: end its MLflow run and keep run-specific attrs off the retry."""
+        run_id = trial.user_attrs.get("mlflow_run_id") or self.mlflow.find_run(study.study_name, trial.number)
+        if run_id:
+            self.mlflow.kill_if_running(run_id, self._stale_reason())
+            self.mlflow.set_tags(run_id, {"optuna.state": "FAIL"})
+        # RetryHeartbeatStaleTrialCallback copies user attrs to the retry; these describe the dead attempt only.
+        for key in ("mlflow_run_id", "fail_reason", "metrics"):
+            trial.user_attrs.pop(key, None)
+
+    # -- one trial
+    def run_trial(self, study: optuna.Study, trial: optuna.Trial) -> TrialState:
+        settings = self.settings
+        number = trial.number
+        retry_of = study._storage.get_trial(trial._trial_id).system_attrs.get("failed_trial")
+        if retry_of is not None:
+            trial.set_user_attr("retry_of", int(retry_of))
+        try:
+            params = self.space.suggest(trial, self.fixed_values)
+        except Exception as e:  # a conditional space / enqueued params mismatch
+            return self._fail(study, trial, f"cannot sample parameters: {_short(e)}")
+        sampled = to_overrides(params)
+        overrides = self.base + sampled
+        trial.set_user_attr("overrides", " ".join(sampled))
+        shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={format_value(v)}" for k, v in params.items())
+        self._say(f"trial {number} start{f' (retry of {retry_of})' if retry_of is not None else ''}: {shown}")
+        try:
+            cfg = self.compose_trial(overrides)
+        except Exception as e:
+            return self._fail(study, trial, f"config error: {_short(e)}")
+        try:
+            self.validate_model(cfg)
+        except (ValueError, AssertionError) as e:
+            return self._fail(study, trial, f"invalid model config: {_short(e)}")
+
+        from sweeps.callbacks import MlflowRunIdCallback, OptunaPruningCallback
+
+        run_ids: list[str] = []
+
+        def on_run_id(run_id: str) -> None:
+            run_ids.append(run_id)
+            trial.set_user_attr("mlflow_run_id", run_id)
+            url = self.mlflow.run_url(run_id)
+            if url:
+                trial.set_user_attr("mlflow_run_url", url)
+
+        callbacks: list[Any] = [MlflowRunIdCallback(on_run_id)]
+        if self.pruning:
+            callbacks.append(OptunaPruningCallback(trial, monitor=settings.monitor))
+        tags = {
+            "optuna.study": study.study_name,
+            "optuna.trial": str(number),
+            "optuna.storage": mask_url(settings.storage),
+            "optuna.sweep": settings.name,
+            "mlflow.runName": f"{study.study_name} #{number}: {shown}"[:250],
+        }
+        if retry_of is not None:
+            tags["optuna.retry_of"] = str(retry_of)
+        train = self.train_fn
+        if train is None:
+            from ablations.train import train
+        try:
+            result = train(cfg, callbacks=callbacks, tags=tags)
+        except optuna.TrialPruned as e:
+            run_id = self._link_run(study, trial, run_ids)
+            study.tell(trial, state=TrialState.PRUNED)
+            if run_id:
+                self.mlflow.set_tags(run_id, {"optuna.state": "PRUNED", "pruned": "true"})
+            self._say(f"trial {number} PRUNED ({e}){self._run_note(run_id)}")
+            return TrialState.PRUNED
+        except KeyboardInterrupt:
+            self._link_run(study, trial, run_ids)
+            self._fail(study, trial, "interrupted (KeyboardInterrupt)")
+            raise
+        except Exception as e:  # DivergenceError, OOM, data/config errors: FAIL and keep going
+            return self._fail(study, trial, _short(e), run_ids)
+        finally:
+            _free_memory()
+        run_id = result.get("run_id") or (run_ids[-1] if run_ids else None)
+        if run_id:
+            trial.set_user_attr("mlflow_run_id", run_id)
+        metrics = {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v)}
+        trial.set_user_attr("metrics", metrics)
+        values = []
+        for o in settings.objectives:
+            v = result.get(o.metric)
+            if not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+                return self._fail(study, trial, f"objective {o.metric} is {v!r}", run_ids, run_id=run_id)
+            values.append(float(v))
+        study.tell(trial, values)
+        if run_id:
+            self.mlflow.set_tags(run_id, {"optuna.state": "COMPLETE"})
+        shown = ", ".join(f"{o.metric}={v:.4g}" for o, v in zip(settings.objectives, values))
+        self._say(f"trial {number} COMPLETE {shown}{self._run_note(run_id)}")
+        return TrialState.COMPLETE
+
+    def _link_run(self, study: optuna.Study, trial: optuna.Trial, run_ids: list[str]) -> str | None:
+        run_id = run_ids[-1] if run_ids else self.mlflow.find_run(study.study_name, trial.number)
+        if run_id and not run_ids:
+            trial.set_user_attr("mlflow_run_id", run_id)
+        return run_id
+
+    @staticmethod
+    def _run_note(run_id: str | None) -> str:
+        return f" [mlflow run {run_id}]" if run_id else ""
+
+    def _fail(self, study: optuna.Study, trial: optuna.Trial, reason: str, run_ids: list[str] | None = None,
+              run_id: str | None = None) -> TrialState:
+        if run_ids is not None and run_id is None:
+            run_id = self._link_run(study, trial, run_ids)
+        trial.set_user_attr("fail_reason", reason)
+        study.tell(trial, state=TrialState.FAIL)
+        if run_id:
+            self.mlflow.set_tags(run_id, {"optuna.state": "FAIL"})
+        self._say(f"trial {trial.number} FAIL: {reason}{self._run_note(run_id)}")
+        return TrialState.FAIL
+
+    # -- report
+    def print_summary(self, study: optuna.Study) -> None:
+        print(summarize(study, self.settings), file=self.out, flush=True)
+
+
+def _free_memory() -> None:
+    gc.collect()
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _fmt_params(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={format_value(v)}" for k, v in params.items())
+
+
+def summarize(study: optuna.Study, settings: SweepSettings) -> str:
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    counts = {s: sum(1 for t in trials if t.state == s) for s in TrialState}
+    lost = len(retried)
+    lines = [
+        f"study '{study.study_name}' ({mask_url(settings.storage)}): "
+        + ", ".join(f"{counts[s]} {s.name.lower()}" for s in
+                    (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING))
+        + (f" ({lost} failed trial(s) retried)" if lost else "")
+        + f"; budget {budget_used(trials)}/{settings.n_trials}"
+    ]
+    names = [o.metric for o in settings.objectives]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not complete:
+        lines.append("no completed trial yet")
+    elif len(names) == 1:
+        best = study.best_trial
+        lines.append(f"best trial {best.number}: {names[0]}={best.value:.6g}  {_fmt_params(best.params)}  "
+                     f"mlflow_run_id={best.user_attrs.get('mlflow_run_id')}")
+    else:
+        front = sorted(study.best_trials, key=lambda t: t.values[0])
+        lines.append(f"Pareto front ({len(front)} trial(s); "
+                     + ", ".join(f"{o.direction[:3]} {o.metric}" for o in settings.objectives) + "):")
+        for t in front:
+            vals = " ".join(f"{n}={v:.6g}" for n, v in zip(names, t.values))
+            lines.append(f"  trial {t.number}: {vals}  {_fmt_params(t.params)}  "
+                         f"mlflow_run_id={t.user_attrs.get('mlflow_run_id')}")
+    url = normalize_url(settings.storage)  # the driver SQLAlchemy can load here (postgresql+psycopg2://...)
+    lines.append(f"dashboard: optuna-dashboard {mask_url(url)}    runs: mlflow ui (experiment "
+                 f"'{study.user_attrs.get('mlflow_experiment')}')")
+    return "\n".join(lines)
