@@ -1,0 +1,128 @@
+"""Sample from a recorded run: `python -m ablations.generate run_id=<id> prompt="..." [options]`.
+
+Options (key=value): temperature=0.8 top_k=50 top_p=null max_new_tokens=200 seed=0 num_samples=1
+tokenizer=<byte|char|gpt2> (refused unless it is the run's tokenizer) tracking.uri=<uri> (else $MLFLOW_TRACKING_URI,
+else sqlite:///mlflow.db). The run's `checkpoints/final.ckpt` artifact is loaded with weights_only=True; its recorded
+tokenizer must match the run's `tokenizer_hash` tag and the tokenizer rebuilt here.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+DEFAULTS = {"run_id": None, "prompt": "\n", "temperature": 0.8, "top_k": 50, "top_p": None, "max_new_tokens": 200,
+            "seed": 0, "num_samples": 1, "tokenizer": None, "tracking.uri": None, "device": "cpu"}
+
+
+def parse_args(argv: list[str]) -> dict:
+    from .errors import ConfigError
+
+    opts = dict(DEFAULTS)
+    for a in argv:
+        if "=" not in a:
+            raise ConfigError(f"argument {a!r} is not key=value: use e.g. run_id=<id> prompt=\"ROMEO:\"")
+        k, v = a.split("=", 1)
+        if k not in opts:
+            raise ConfigError(f"unknown option {k!r}: valid options are {', '.join(DEFAULTS)}")
+        opts[k] = v
+    if not opts["run_id"]:
+        raise ConfigError("run_id=<MLflow run id> is required (the summary line of ablations.run prints it)")
+
+    def num(key, cast, lo=None, hi=None):
+        v = opts[key]
+        if v is None or (isinstance(v, str) and v.lower() in ("null", "none", "")):
+            return None
+        try:
+            v = cast(v)
+        except ValueError:
+            raise ConfigError(f"{key}={opts[key]!r} is not a {cast.__name__}") from None
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise ConfigError(f"{key}={v} is out of range [{lo}, {hi if hi is not None else 'inf'}]")
+        return v
+
+    opts["temperature"] = num("temperature", float, 0.0) or 0.0
+    opts["top_k"] = num("top_k", int, 1)
+    opts["top_p"] = num("top_p", float, 0.0, 1.0)
+    opts["max_new_tokens"] = num("max_new_tokens", int, 1) or 1
+    opts["seed"] = num("seed", int, 0) or 0
+    opts["num_samples"] = num("num_samples", int, 1) or 1
+    opts["prompt"] = opts["prompt"].replace("\\n", "\n")  # prompt="ROMEO:\n" from a shell
+    return opts
+
+
+def load_run(run_id: str, uri: str, tokenizer_name: str | None = None):
+    """-> (model, tokenizer, checkpoint dict) of an MLflow run, refusing a tokenizer mismatch."""
+    import torch  # noqa: F401
+
+    from modules.gpt import GPT
+
+    from .errors import CheckpointError, TokenizerError, TrackingError
+    from .tokenizers import tokenizer_from_identity
+    from .tracking import check_reachable, client
+    from .train import load_final_checkpoint
+
+    check_reachable(uri)
+    cl = client(uri)
+    try:
+        run = cl.get_run(run_id)
+    except Exception:  # noqa: BLE001
+        raise TrackingError(f"run_id={run_id} not found in {uri}: check the id, or pass tracking.uri=") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = cl.download_artifacts(run_id, "checkpoints/final.ckpt", tmp)
+        except Exception:  # noqa: BLE001
+            raise CheckpointError(f"run {run_id} has no checkpoints/final.ckpt artifact (status "
+                                  f"{run.info.status}): only finished runs can be sampled") from None
+        ck = load_final_checkpoint(path)
+    ident = ck["tokenizer"]
+    if tokenizer_name and tokenizer_name != ident.get("name"):
+        raise TokenizerError(f"tokenizer={tokenizer_name} does not match the checkpoint's tokenizer "
+                             f"{ident.get('name')!r}: drop tokenizer= or pass tokenizer={ident.get('name')}")
+    tag = run.data.tags.get("tokenizer_hash")
+    if tag and tag != ck.get("tokenizer_hash"):
+        raise TokenizerError(f"checkpoint tokenizer hash {str(ck.get('tokenizer_hash'))[:12]} does not match the "
+                             f"run's tokenizer_hash tag {tag[:12]}: the artifact is not this run's")
+    tok = tokenizer_from_identity(ident)
+    if tok.hash != ck.get("tokenizer_hash"):
+        raise TokenizerError(f"the {tok.name} tokenizer here (hash {tok.hash[:12]}) differs from the checkpoint's "
+                             f"({str(ck.get('tokenizer_hash'))[:12]}): use the tokenizer files the run used")
+    try:
+        model = GPT(**ck["model_config"])
+        model.load_state_dict(ck["state_dict"])
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"run {run_id}: the checkpoint does not load into modules.gpt.GPT "
+                              f"({str(e).splitlines()[0][:160]})") from None
+    return model.eval(), tok, ck
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from .errors import AblationsError
+
+    try:
+        import torch
+
+        from .tracking import tracking_uri
+
+        o = parse_args(sys.argv[1:] if argv is None else argv)
+        uri = o["tracking.uri"] or os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri(None)
+        model, tok, _ = load_run(o["run_id"], uri, o["tokenizer"])
+        model.to(o["device"])
+        ids = tok.encode(o["prompt"]) or [tok.sep_id or 0]
+        x = torch.tensor([ids[-model.config.block_size:]] * o["num_samples"], dtype=torch.long, device=o["device"])
+        gen = torch.Generator(device=o["device"]).manual_seed(o["seed"])
+        out = model.generate(x, o["max_new_tokens"], temperature=o["temperature"], top_k=o["top_k"],
+                             top_p=o["top_p"], generator=gen)
+    except AblationsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for i, row in enumerate(out.tolist()):
+        if o["num_samples"] > 1:
+            print(f"--- sample {i}")
+        print(tok.decode(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

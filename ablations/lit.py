@@ -1,0 +1,218 @@
+"""The thin LightningModule around modules.gpt.GPT, the atomic checkpoint callback, and precision selection."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+
+from .errors import ConfigError, DivergenceError
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------ precision
+def cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    words = set()
+    for line in flags.splitlines():
+        if line.startswith("flags"):
+            words.update(line.split(":", 1)[1].split())
+            break
+    return bool(words & {"amx_bf16", "avx512_bf16"})
+
+
+def resolve_accelerator(accelerator: str) -> str:
+    if accelerator in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if accelerator == "gpu" else str(accelerator)
+
+
+def resolve_precision(requested, accelerator: str) -> tuple[str, str]:
+    """-> (precision, why). ``auto``: bf16-mixed where bf16 is native (CUDA bf16, CPU AMX/AVX512-BF16), else 32-true."""
+    if requested not in (None, "auto"):
+        return str(requested), "configured"
+    if accelerator == "cuda":
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return "bf16-mixed", "auto: CUDA device supports bf16"
+        return "32-true", "auto: CUDA device without bf16"
+    if accelerator == "cpu":
+        if cpu_has_native_bf16():
+            return "bf16-mixed", "auto: CPU has amx_bf16/avx512_bf16"
+        return "32-true", "auto: CPU without native bf16"
+    return "32-true", f"auto: accelerator {accelerator}"
+
+
+# --------------------------------------------------------------------------------------------- the module
+def lr_lambda(warmup_steps: int, max_steps: int, lr: float, min_lr: float):
+    """Multiplier of `lr`: linear warm-up over warmup_steps, then cosine down to min_lr at max_steps."""
+    floor = min_lr / lr if lr > 0 else 0.0
+
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        if step >= max_steps:
+            return floor
+        progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+        return floor + 0.5 * (1.0 - floor) * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _fault():
+    """Test hook: ABLATIONS_FAULT=nan@STEP (loss becomes NaN) or kill@STEP (the process dies, like kill -9)."""
+    spec = os.environ.get("ABLATIONS_FAULT", "")
+    if "@" not in spec:
+        return None, -1
+    kind, step = spec.split("@", 1)
+    return kind, int(step)
+
+
+class LitGPT(pl.LightningModule):
+    def __init__(self, model: torch.nn.Module, optim: dict, max_steps: int, ckpt_meta: dict | None = None):
+        super().__init__()
+        self.model = model
+        self.optim = dict(optim)
+        self.max_steps = int(max_steps)
+        self.ckpt_meta = dict(ckpt_meta or {})
+        self.grad_norm: float | None = None
+        self._loss_sum = None
+        self._loss_n = 0
+        self._fault_kind, self._fault_step = _fault()
+        self.compile_model = False
+        self._compiled = None
+
+    def __getstate__(self):  # ddp_spawn pickles the module: compile in the worker
+        d = super().__getstate__()
+        d["_compiled"] = None
+        return d
+
+    def setup(self, stage):
+        from .train import _quiet_lightning
+
+        _quiet_lightning()  # also in ddp_spawn workers
+
+    def on_fit_start(self):
+        if self.compile_model and self._compiled is None:
+            # not registered as a submodule: state_dict keys stay those of the eager model
+            object.__setattr__(self, "_compiled", torch.compile(self.model))
+
+    def forward(self, idx):
+        return self.model(idx)
+
+    def _loss(self, batch):
+        x, y = batch
+        logits = (self._compiled if self._compiled is not None else self.model)(x)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+
+    def training_step(self, batch, batch_idx):
+        loss = self._loss(batch)
+        if self._fault_kind == "nan" and self.global_step >= self._fault_step:
+            loss = loss * float("nan")
+        # on CUDA a host sync every step would cost throughput: check every 10 steps (NaN weights stay NaN)
+        if (self.device.type != "cuda" or self.global_step % 10 == 0) and not torch.isfinite(loss):
+            raise DivergenceError(
+                f"training loss is {loss.item()} at step {self.global_step} (optim.lr={self.optim.get('lr')}): "
+                f"lower optim.lr, raise optim.warmup_steps or keep trainer.gradient_clip_val")
+        d = loss.detach()
+        self._loss_sum = d if self._loss_sum is None else self._loss_sum + d
+        self._loss_n += 1
+        return loss
+
+    def pop_train_loss(self) -> float | None:
+        if not self._loss_n:
+            return None
+        v = float(self._loss_sum) / self._loss_n
+        self._loss_sum, self._loss_n = None, 0
+        return v
+
+    def validation_step(self, batch, batch_idx):
+        loss = self._loss(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=batch[0].size(0), logger=False)
+        return loss
+
+    def configure_optimizers(self):
+        o = self.optim
+        decay, no_decay = [], []
+        seen = set()
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            (decay if p.dim() >= 2 else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": float(o.get("weight_decay", 0.0))},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        lr = float(o["lr"])
+        if not lr > 0 or not math.isfinite(lr):
+            raise ConfigError(f"optim.lr={lr} must be a positive number, e.g. 3e-3")
+        betas = tuple(float(b) for b in o.get("betas", (0.9, 0.95)))
+        opt = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=float(o.get("eps", 1e-8)))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lr_lambda(int(o.get("warmup_steps", 0)), self.max_steps, lr, float(o.get("min_lr", 0.0))))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if gradient_clip_val and (gradient_clip_algorithm in (None, "norm")):
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, float(gradient_clip_val))
+        else:
+            self.grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else None
+            if gradient_clip_val:
+                torch.nn.utils.clip_grad_value_(params, float(gradient_clip_val))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self._fault_kind == "kill" and self.global_step >= self._fault_step:
+            os._exit(137)
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["ablations"] = dict(self.ckpt_meta, step=int(self.global_step))
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+class AtomicCheckpoint(pl.Callback):
+    """Every `every_n_steps` optimizer steps and at the end: write `<dir>/last.ckpt` atomically (tmp + os.replace).
+
+    `trainer.save_checkpoint` is collective (every rank calls it; rank 0 writes)."""
+
+    def __init__(self, dirpath: str | Path, every_n_steps: int, metrics=None):
+        self.metrics = metrics
+        self.dirpath = Path(dirpath)
+        self.every = int(every_n_steps)
+        self._last_saved = -1
+
+    @property
+    def last_path(self) -> Path:
+        return self.dirpath / "last.ckpt"
+
+    def save(self, trainer: pl.Trainer):
+        step = trainer.global_step
+        if step == self._last_saved:
+            return
+        tmp = self.dirpath / f".last.ckpt.tmp-{os.getpid()}"
+        if trainer.is_global_zero:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+        trainer.strategy.barrier("ablations.ckpt.mkdir")
+        t0 = time.perf_counter()
+        trainer.save_checkpoint(tmp, weights_only=False)
+        if trainer.is_global_zero:
+            os.replace(tmp, self.last_path)
+        trainer.strategy.barrier("ablations.ckpt.replace")
+        self._last_saved = step
+        if self.metrics is not None:  # checkpoint time is not training time
+            self.metrics.pause(time.perf_counter() - t0)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if self.every > 0 and step > 0 and step % self.every == 0 and step != self._last_saved:
+            self.save(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        self.save(trainer)

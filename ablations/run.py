@@ -1,0 +1,98 @@
+"""`python -m ablations.run [-m] [overrides]`: train the composed config and record it in MLflow.
+
+Ends with one summary line (final val loss/bpb, tokens/sec, MLflow run id, how to open the UI).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+
+
+_FAILED: list[int] = []  # exit codes of failed jobs of a multirun (the basic launcher runs jobs in-process)
+
+
+def _is_multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _ui_hint(uri: str) -> str:
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri}"
+    return f"mlflow ui --backend-store-uri {uri}"
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from .errors import AblationsError
+    from .tracking import tracking_uri
+    from .train import train
+
+    logging.getLogger("ablations").setLevel(logging.INFO)
+    try:
+        r = train(cfg)
+    except AblationsError as e:
+        # one clear line; the MLflow run (if any) is already marked FAILED
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        code = 3 if type(e).__name__ == "DivergenceError" else 2
+        if _is_multirun():  # let the other jobs of the sweep run; exit non-zero at the end
+            _FAILED.append(code)
+            return None
+        sys.exit(code)
+    if not r.get("run_id"):
+        return None
+    uri = tracking_uri(cfg)
+
+    def f(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
+
+    print(f"[ablations] done: val_loss {f(r['val_loss'], '.4f')} | val_bpb {f(r['val_bpb'], '.4f')} | "
+          f"{f(r['tokens_per_sec'], ',.0f')} tokens/s | mfu {f(r['mfu'], '.1%')} | steps {r['steps']} | "
+          f"mlflow run {r['run_id']} | view: {_ui_hint(uri)}", flush=True)
+    return r.get("val_bpb")
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def check_group_overrides(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """One clear line for an unknown group option (Hydra's own message spans many lines)."""
+    for a in argv:
+        if "=" not in a or a.startswith("-"):
+            continue
+        key, val = a.split("=", 1)
+        key = key.lstrip("+~").split("@", 1)[0]
+        gdir = conf_dir / key
+        if "." in key or not gdir.is_dir() or any(c in val for c in "()[]*$"):
+            continue
+        valid = sorted(p.stem for p in gdir.glob("*.yaml"))
+        for v in val.split(","):
+            v = v.strip()
+            if v and v != "null" and v not in valid:
+                return (f"error: {key}={v} is not an option of group '{key}': valid options are "
+                        f"{', '.join(valid)} (files in conf/{key}/)")
+    return None
+
+
+if __name__ == "__main__":
+    _err = check_group_overrides(sys.argv[1:])
+    if _err:
+        print(_err, file=sys.stderr)
+        sys.exit(2)
+    main()
+    if _FAILED:
+        print(f"error: {len(_FAILED)} job(s) of this multirun failed (see the lines above and their MLflow runs)",
+              file=sys.stderr)
+        sys.exit(max(_FAILED))

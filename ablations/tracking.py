@@ -1,0 +1,201 @@
+"""MLflow plumbing: tracking URI, reachability check, run names/tags from Hydra, params, git state.
+
+Only :class:`mlflow.MlflowClient` is used (no fluent global state), so several trainings can share a process.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import TrackingError
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+CHOICE_GROUPS = ("model", "position", "norm", "mlp", "attention", "tokenizer", "data")
+# overrides that say where/how a job runs, not what it is: left out of `variant`
+INFRA_PREFIXES = ("tracking.", "hydra.", "checkpoint.", "trainer.devices", "trainer.accelerator", "trainer.strategy",
+                  "trainer.num_nodes", "trainer.enable_progress_bar", "data.cache_dir", "data.path", "resume",
+                  "experiment", "compile", "generate.")
+NAME_SKIP_PREFIXES = ("tracking.", "hydra.", "resume", "experiment", "data.cache_dir", "data.path", "checkpoint.dir")
+
+
+def tracking_uri(cfg: DictConfig | None = None) -> str:
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    uri = cfg.get("tracking", {}).get("uri") if cfg is not None else None
+    return str(uri) if uri else DEFAULT_URI
+
+
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """Fail fast (before any training) when the tracking store cannot be used."""
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if scheme in ("http", "https"):
+        url = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - user-configured server
+                if r.status >= 400:
+                    raise TrackingError(f"tracking.uri={uri} answered HTTP {r.status} on /health")
+        except urllib.error.HTTPError as e:
+            raise TrackingError(f"tracking.uri={uri} answered HTTP {e.code} on /health: check the server "
+                                f"(mlflow server ...) or set tracking.uri=sqlite:///mlflow.db") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise TrackingError(f"tracking.uri={uri} is unreachable ({reason}): start the server or set "
+                                f"tracking.uri=sqlite:///mlflow.db (or unset MLFLOW_TRACKING_URI)") from None
+    elif scheme.startswith("sqlite"):
+        path = uri.split(":///", 1)[1] if ":///" in uri else ""
+        if path and path != ":memory:":
+            parent = Path(path).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise TrackingError(f"tracking.uri={uri}: directory {parent} does not exist: create it or use "
+                                    f"tracking.uri=sqlite:///mlflow.db")
+            if not os.access(parent, os.W_OK):
+                raise TrackingError(f"tracking.uri={uri}: directory {parent} is not writable: use another path")
+    elif scheme in ("", "file"):
+        path = Path(parsed.path if scheme == "file" else uri).expanduser()
+        if not (path.is_dir() or path.parent.is_dir()):
+            raise TrackingError(f"tracking.uri={uri}: {path.parent} does not exist: create it or use "
+                                f"tracking.uri=sqlite:///mlflow.db")
+    elif scheme.startswith(("postgresql", "mysql", "mssql")):
+        pass  # the first client call below reports connection errors
+    else:
+        raise TrackingError(f"tracking.uri={uri}: unsupported scheme {scheme!r}: use sqlite:///FILE, http(s)://HOST "
+                            f"or a database URI")
+
+
+def client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def get_or_create_experiment(cl, uri: str, name: str) -> str:
+    exp = cl.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            cl.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    artifact_location = None
+    if uri.startswith("sqlite:///"):  # keep artifacts beside the database, whatever the working directory
+        db = Path(uri.split(":///", 1)[1]).expanduser().resolve()
+        artifact_location = (db.parent / "mlartifacts").as_uri()
+    try:
+        return cl.create_experiment(name, artifact_location=artifact_location)
+    except Exception:  # created concurrently by another worker
+        exp = cl.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def flatten(d, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict) and v:
+                out.update(flatten(v, key))
+            else:
+                out[key] = json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+    return out
+
+
+def config_params(cfg: DictConfig) -> dict[str, str]:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    c.pop("hydra", None)
+    c.pop("resume", None)  # a resumed run logs the same params as the run it continues
+    return {k: v[:6000] for k, v in flatten(c).items()}
+
+
+def log_params(cl, run_id: str, params: dict[str, str]) -> None:
+    from mlflow.entities import Param
+
+    existing = cl.get_run(run_id).data.params
+    items = [Param(k, v) for k, v in params.items() if k not in existing]
+    for i in range(0, len(items), 100):
+        cl.log_batch(run_id, params=items[i:i + 100])
+
+
+def git_state() -> dict[str, str]:
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args):
+        try:
+            r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+            return r.stdout.strip() if r.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit or "unknown", "git_dirty": "unknown" if status is None else str(bool(status)).lower()}
+
+
+def _override_key(o: str) -> str:
+    return o.split("=", 1)[0].lstrip("+~")
+
+
+def hydra_info(cfg: DictConfig) -> tuple[str | None, dict[str, str]]:
+    """Run name and tags from Hydra (the CLI's HydraConfig, or a compose(..., return_hydra_config=True) config)."""
+    overrides, choices, group = None, {}, None
+    if "hydra" in cfg:  # composed with return_hydra_config=True (e.g. a sweep trial): this config's own record
+        h = cfg.hydra
+        overrides = list(OmegaConf.select(h, "overrides.task", default=[]) or [])
+        choices = dict(OmegaConf.select(h, "runtime.choices", default={}) or {})
+    else:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            if HydraConfig.initialized():
+                hc = HydraConfig.get()
+                overrides = list(hc.overrides.task)
+                choices = dict(hc.runtime.choices)
+                if hc.mode == RunMode.MULTIRUN:
+                    sweep_dir = str(Path(hc.sweep.dir).resolve())
+                    group = (f"{Path(hc.sweep.dir).as_posix().replace('/', '_')}-"
+                             f"{hashlib.sha1(sweep_dir.encode()).hexdigest()[:8]}")
+        except Exception:  # noqa: BLE001 - no Hydra context
+            pass
+    tags: dict[str, str] = {}
+    for g in CHOICE_GROUPS:
+        # the family groups carry their own name: exact even when the caller composed the config itself
+        v = OmegaConf.select(cfg, f"{g}.name", default=None) if g != "model" else None
+        v = v if v is not None else choices.get(g)
+        if v is not None:
+            tags[f"choice.{g}"] = str(v)
+    if group:
+        tags["multirun_group"] = group
+    name = None
+    if overrides is not None:
+        named = [o for o in overrides if not _override_key(o).startswith(NAME_SKIP_PREFIXES)]
+        name = " ".join(named) or "default"
+        variant = [o for o in named if _override_key(o) != "seed" and not _override_key(o).startswith(INFRA_PREFIXES)]
+        tags["variant"] = " ".join(variant) or "baseline"
+    return name, tags
+
+
+def terminate(cl, run_id: str, status: str, reason: str | None = None, extra_tags: dict | None = None) -> None:
+    """End a run (never leave it RUNNING), retrying briefly: SQLite may be locked by another worker."""
+    for attempt in range(5):
+        try:
+            if reason:
+                cl.set_tag(run_id, "failure_reason", reason[:5000])
+            for k, v in (extra_tags or {}).items():
+                cl.set_tag(run_id, k, v)
+            cl.set_terminated(run_id, status=status)
+            return
+        except Exception:  # noqa: BLE001
+            if attempt == 4:
+                raise
+            time.sleep(0.5 * (attempt + 1))

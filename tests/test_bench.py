@@ -1,0 +1,88 @@
+"""`python -m ablations.bench` on the tiny model: every cheap section runs and reports sane figures.
+
+No timing assertions (the machine is shared): figures must exist, be positive and finite, and the measured cache
+bytes must equal the analytic ones.
+"""
+import json
+import math
+
+import pytest
+
+from ablations import bench
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    rc = bench.main(["model=tiny", "--quick", "--no-compile", "--only", "ceilings,train,inference,scaling",
+                     "--window", "0.1", "--rounds", "1", "--new-tokens", "4", "--contexts", "8,16",
+                     "--json", str(path)])
+    assert rc == 0
+    return json.loads(path.read_text())
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_ceilings(report):
+    assert positive(report["gemm_flops"]["fp32"]) and positive(report["gemm_flops"]["bf16"])
+    assert positive(report["bandwidth_bytes_per_sec"]["read"]) and positive(report["bandwidth_bytes_per_sec"]["copy"])
+    assert report["mfu_peak_source"] == "measured"
+
+
+def test_train(report):
+    rows = report["train_bare"]
+    assert set(rows) == {"32-true", "bf16-mixed"}  # --no-compile
+    for r in rows.values():
+        assert positive(r["tokens_per_sec"]) and positive(r["steps"])
+        assert 0 < r["mfu"] < 1.5  # a tiny model on a shared machine: far from the peak, never far above it
+        assert positive(r["loss_at_step"]["loss"]) and r["loss_at_step"]["loss"] < 7  # ln(256) = 5.5 at init
+    assert positive(report["bf16_speedup"])
+    assert report["train_loss_data"] == "stdlib bytes"
+    assert report["flops_per_token"] > 6 * report["params_non_embedding"]
+
+
+def test_inference(report):
+    inf = report["inference"]
+    assert set(inf["decode"]) == {"8", "16"}
+    assert set(inf["prefill"]) == {"8", "16", "32"}  # the decode contexts and block_size
+    assert all(positive(v) for v in inf["prefill"].values())
+    for ctx, d in inf["decode"].items():
+        assert d["cache_bytes_measured"] == d["cache_bytes_analytic"] > 0
+        # tiny: 2 layers x 2 (k, v) x 32 numbers x 4 bytes (fp32) per token
+        assert d["cache_bytes_measured"] == int(ctx) * 2 * 2 * 32 * 4
+        for key in ("cached_tokens_per_sec", "nocache_tokens_per_sec", "speedup", "ceiling_tokens_per_sec",
+                    "fraction_of_ceiling"):
+            assert positive(d[key]), key
+        assert d["bytes_read_per_token"] > inf["weight_bytes_per_token"] > 0
+
+
+def test_scaling(report):
+    sc = report["scaling"]
+    kv = sc["kv_cache"]
+    assert set(kv) == {"mha", "gqa", "mqa", "sliding", "mla"}
+    for name, v in kv.items():
+        assert v["measured_bytes"] == v["analytic_bytes"] > 0, name
+    assert kv["mqa"]["measured_bytes"] < kv["gqa"]["measured_bytes"] < kv["mha"]["measured_bytes"]
+    assert kv["sliding"]["measured_bytes"] < kv["mha"]["measured_bytes"]
+    ctx = sc["context"]
+    mem = [ctx[k]["activation_bytes"] for k in sorted(ctx, key=int)]
+    assert all(positive(v["step_sec"]) for v in ctx.values())
+    assert mem == sorted(mem) and mem[-1] > mem[0]  # activations grow with the context
+
+
+def test_table_printed(report, capsys):
+    names = [row[0] for row in report["table"]]
+    assert any(n.startswith("GEMM fp32") for n in names) and any(n.startswith("decode b=1") for n in names)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--bogus"], "unknown option"),
+    (["--only", "nope"], "unknown section"),
+    (["model=tiny", "--only", "inference", "--contexts", "30", "--new-tokens", "8"], "model.block_size=38"),
+])
+def test_bad_arguments(argv, message, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv + ["--json", str(tmp_path / "b.json")])
+    assert message in str(e.value)

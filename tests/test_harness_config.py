@@ -1,0 +1,62 @@
+"""Config-level checks of the harness (no training): experiments, group options, precision, LR schedule, naming."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from ablations.lit import lr_lambda, resolve_precision
+from ablations.run import check_group_overrides
+from ablations.tracking import config_params, hydra_info
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+FAMILIES = {"norms": "norm", "positions": "position", "mlps": "mlp", "attention": "attention"}
+
+
+@pytest.mark.parametrize("experiment", sorted(FAMILIES))
+def test_experiment_compares_every_variant_of_its_family(experiment):
+    group = FAMILIES[experiment]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    assert cfg.tracking.experiment == experiment
+    assert (cfg.data.name, cfg.tokenizer.name, cfg.model.n_embd) == ("shakespeare", "char", 128)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    variants = sorted(params[group].split(","))
+    assert variants == sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    assert params["seed"] == "0,1,2"
+
+
+def test_unknown_group_option_message_lists_valid_choices():
+    msg = check_group_overrides(["model=tiny", "norm=layernorm,rmsnorm,batchnorm"], CONF)
+    assert msg == ("error: norm=batchnorm is not an option of group 'norm': valid options are layernorm, rmsnorm "
+                   "(files in conf/norm/)")
+    assert check_group_overrides(["-m", "norm=layernorm,rmsnorm", "optim.lr=1e-3", "experiment=null"], CONF) is None
+
+
+def test_precision_auto(monkeypatch):
+    import ablations.lit as lit
+
+    monkeypatch.setattr(lit, "cpu_has_native_bf16", lambda: True)
+    assert resolve_precision("auto", "cpu")[0] == "bf16-mixed"
+    monkeypatch.setattr(lit, "cpu_has_native_bf16", lambda: False)
+    assert resolve_precision("auto", "cpu")[0] == "32-true"
+    assert resolve_precision("16-mixed", "cpu") == ("16-mixed", "configured")
+
+
+def test_warmup_then_cosine_to_min_lr():
+    f = lr_lambda(warmup_steps=10, max_steps=110, lr=1e-3, min_lr=1e-4)
+    assert f(0) < f(5) < f(9) <= 1.0
+    assert f(10) == pytest.approx(1.0) and f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1)
+    assert all(f(s) >= f(s + 1) for s in range(10, 120))
+
+
+def test_run_name_variant_and_params_from_overrides():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["norm=rmsnorm", "seed=2", "tracking.uri=sqlite:///x.db", "resume=auto"],
+                      return_hydra_config=True)
+    name, tags = hydra_info(cfg)
+    assert name == "norm=rmsnorm seed=2" and tags["variant"] == "norm=rmsnorm"
+    assert tags["choice.norm"] == "rmsnorm" and tags["choice.model"] == "small-cpu"
+    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    p = config_params(cfg)
+    assert p["norm.name"] == "rmsnorm" and p["optim.betas"] == "[0.9, 0.95]" and "resume" not in p
