@@ -81,7 +81,8 @@ class GPT(nn.Module):
 
     def new_cache(self, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
         p = self.wte.weight
-        return KVCache(self.config.n_layer, batch_size, dtype or p.dtype, p.device, window=self.config.window)
+        return KVCache(self.config.n_layer, batch_size, dtype or p.dtype, p.device, window=self.config.window,
+                       max_len=self.config.block_size)
 
     # ------------------------------------------------------------------------------------------------------
     def _attn_mask(self, pos, valid, cache, padded: bool):

@@ -25,3 +25,14 @@ def shakespeare_path() -> Path:
     if not path.is_file():
         pytest.fail(f"tinyshakespeare.txt not found at {path}: tests expect the shared/ folder beside the checkout")
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread, and CI's two cores are shared: more threads only contend."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

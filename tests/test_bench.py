@@ -86,3 +86,23 @@ def test_bad_arguments(argv, message, tmp_path):
     with pytest.raises(SystemExit) as e:
         bench.main(argv + ["--json", str(tmp_path / "b.json")])
     assert message in str(e.value)
+
+
+def test_cache_appends_in_place():
+    """Decoding writes into the cache's preallocated buffer (no copy of the whole cache per token), while nbytes
+    still counts exactly the positions held."""
+    import torch
+
+    from modules import accounting
+
+    model = bench.build_model(bench._model_dict(bench.compose(["model=tiny"]))).eval()
+    cfg, T = model.config, model.config.block_size
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(torch.randint(0, cfg.vocab_size, (1, 10)), cache=cache)
+        storage = cache.layers[0]["k"].untyped_storage().data_ptr()
+        for _ in range(5):
+            model(torch.randint(0, cfg.vocab_size, (1, 1)), cache=cache)
+    assert cache.layers[0]["k"].untyped_storage().data_ptr() == storage  # appended in place, no reallocation
+    assert cache.nbytes == accounting.kv_cache_bytes(cfg, 15, dtype=torch.float32)
+    assert cache.nbytes <= cache.reserved_nbytes <= accounting.kv_cache_bytes(cfg, T, dtype=torch.float32)

@@ -13,13 +13,7 @@ from modules.config import build_config
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, and the CI machine's cores are shared: more threads only contend."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _compose(*overrides):

@@ -14,13 +14,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 BASE = dict(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, and the CI machine's cores are shared: more threads only contend."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cfg(**kw):

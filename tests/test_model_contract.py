@@ -22,13 +22,7 @@ WINDOW = 6   # sliding cases use a window well inside the test sequences, so the
 SEQ = 16     # test sequence length (< block_size 32)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, and the CI machine's cores are shared: more threads only contend."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.lru_cache(maxsize=None)

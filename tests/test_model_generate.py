@@ -10,13 +10,7 @@ from modules.gpt import GPT
 TINY = dict(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, and the CI machine's cores are shared: more threads only contend."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(seed=0, **kw):
