@@ -23,8 +23,9 @@ def measure_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, 
     key = (device, dtype, n, torch.get_num_threads())
     if key in _PEAK_CACHE:
         return _PEAK_CACHE[key]
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    g = torch.Generator(device=device).manual_seed(0)  # never the global RNG: runs stay reproducible
+    a = torch.randn(n, n, device=device, generator=g).to(dtype)
+    b = torch.randn(n, n, device=device, generator=g).to(dtype)
 
     def sync():
         if device.startswith("cuda"):

@@ -86,8 +86,33 @@ def check_group_overrides(argv: list[str], conf_dir: Path = CONF_DIR) -> str | N
     return None
 
 
+def check_config_dir(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """`--config-dir DIR` only adds DIR to the search path *after* conf/: a recorded `config.yaml` there would be
+    silently shadowed by conf/config.yaml. Refuse that instead of training the default config."""
+    def value(*names):
+        for i, a in enumerate(argv):
+            for n in names:
+                if a == n and i + 1 < len(argv):
+                    return argv[i + 1]
+                if a.startswith(n + "="):
+                    return a.split("=", 1)[1]
+        return None
+
+    cdir = value("--config-dir", "-cd")
+    if not cdir:
+        return None
+    name = value("--config-name", "-cn") or "config"
+    fname = name if name.endswith(".yaml") else f"{name}.yaml"
+    if (Path(cdir) / fname).is_file() and (conf_dir / fname).is_file() and \
+            Path(cdir).resolve() != conf_dir.resolve():
+        return (f"error: --config-dir {cdir} does not replace conf/: --config-name {name} still names "
+                f"conf/{fname}. To train a recorded config use `--config-path {Path(cdir).resolve()} --config-name "
+                f"{name}`, or better `python -m ablations.rerun run_id=<id>` (keeps the run's variant tags)")
+    return None
+
+
 if __name__ == "__main__":
-    _err = check_group_overrides(sys.argv[1:])
+    _err = check_group_overrides(sys.argv[1:]) or check_config_dir(sys.argv[1:])
     if _err:
         print(_err, file=sys.stderr)
         sys.exit(2)

@@ -138,7 +138,12 @@ def git_state() -> dict[str, str]:
 
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"git_commit": commit or "unknown", "git_dirty": "unknown" if status is None else str(bool(status)).lower()}
+    out = {"git_commit": commit or "unknown", "git_dirty": "unknown" if status is None else str(bool(status)).lower()}
+    # which uncommitted changes: two dirty runs with the same git_diff_hash ran the same code
+    diff = git("diff", "HEAD", "--no-color", "--no-ext-diff") if status else ""
+    out["git_diff_hash"] = "unknown" if diff is None else (
+        hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else "clean")
+    return out
 
 
 def _override_key(o: str) -> str:

@@ -22,6 +22,7 @@ from .data import TokenDataModule, check_windows, prepare_data
 from .errors import (AblationsError, CheckpointError, ConfigError, DataError, DivergenceError, TokenizerError,
                      TrackingError)
 from . import tracking as trk
+from .repro import derived_seed, environment_tags, seed_all
 
 __all__ = ["train", "DivergenceError", "ConfigError", "DataError", "TokenizerError", "TrackingError",
            "CheckpointError", "AblationsError", "config_hash", "load_final_checkpoint"]
@@ -284,7 +285,6 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
     trk.check_reachable(uri)
 
     # 2. data and tokenizer (cached), model (validated by modules.config)
-    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     td = prepare_data(cfg.data, str(cfg.tokenizer.name))
     tok = td.tokenizer
     if cfg.tokenizer.get("vocab_size") is None:
@@ -294,6 +294,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
                           f"{tok.vocab_size} ids: leave tokenizer.vocab_size at its default")
     block_size = int(cfg.model.block_size)
     check_windows(td, block_size)
+    seed_all(int(cfg.seed))  # model init depends on the seed only (see ablations.repro)
     model = _build_model(cfg)
     model_dict = _model_dict(cfg)
 
@@ -378,7 +379,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
             "seed": str(cfg.seed), "data_fingerprint": td.fingerprint, "tokenizer": tok.name,
             "tokenizer_hash": tok.hash, "precision": precision, "precision_reason": why, **_device_tags(accel),
             "torch_version": torch.__version__, "lightning_version": pl.__version__,
-            "num_threads": str(torch.get_num_threads()), "mfu_peak_flops": f"{peak_total:.4g}",
+            **environment_tags(accel), "mfu_peak_flops": f"{peak_total:.4g}",
             "mfu_peak_source": peak_src, "config_hash": chash, "world_size": str(world)})
         run_tags.setdefault("variant", "baseline")
         run_tags.update({k: str(v) for k, v in (tags or {}).items()})
@@ -407,12 +408,18 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
             for k, v in (run_tags.items() if resume_meta and run_id else []):
                 cl.set_tag(run_id, k, v)
             trk.log_params(cl, run_id, trk.config_params(cfg))
+            # the resolved config first: a FAILED / KILLED run can be re-run too (python -m ablations.rerun)
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / "config.yaml").write_text(_config_yaml(cfg))
+                cl.log_artifact(run_id, str(Path(tmp) / "config.yaml"))
             cl.log_batch(run_id, metrics=_metric_list({k: v for k, v in acct.items()}, 0))
             ckpt_dir.mkdir(parents=True, exist_ok=True)
             (ckpt_dir / "run.json").write_text(json.dumps({"run_id": run_id, "tracking_uri": uri, "config_hash": chash}))
             print(f"[ablations] run {run_id} | precision {precision} ({why}) | peak {peak_total:.3g} FLOP/s "
                   f"({peak_src}) | params {acct['params']:,} | ckpt {ckpt_dir}", flush=True)
 
+        # the training RNG stream (dropout) depends on the seed only, not on what ran since model init
+        seed_all(derived_seed(int(cfg.seed), "fit"))
         try:
             trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
         except BaseException as e:  # noqa: BLE001
@@ -441,14 +448,14 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
             steps = max((h.step for h in hist), default=0)
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
-            (tmp / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(_container(cfg))))
+            (tmp / "config.yaml").write_text(_config_yaml(cfg))
             (tmp / "sample.txt").write_text(sample)
             (tmp / "tokenizer.json").write_text(json.dumps(tok.identity()))
             final = {"format": FINAL_FORMAT, "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
                      "model_config": model_dict, "tokenizer": tok.identity(), "tokenizer_hash": tok.hash,
                      "config_yaml": (tmp / "config.yaml").read_text(), "step": steps, "run_id": run_id}
             _save_atomic(final, tmp / "checkpoints" / "final.ckpt")
-            for f in ("config.yaml", "sample.txt", "tokenizer.json"):
+            for f in ("sample.txt", "tokenizer.json"):
                 cl.log_artifact(run_id, str(tmp / f))
             cl.log_artifact(run_id, str(tmp / "checkpoints" / "final.ckpt"), artifact_path="checkpoints")
         cl.log_batch(run_id, metrics=_metric_list(bench, steps))
@@ -476,6 +483,10 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
         if type(e).__name__ == "SIGTERMException":  # Lightning's is a SystemExit with code 0: exit 128+SIGTERM
             raise SystemExit(143) from e
         raise
+
+
+def _config_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(_container(cfg)))
 
 
 def _metric_list(d: dict, step: int):

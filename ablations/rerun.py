@@ -1,0 +1,226 @@
+"""Re-run a recorded MLflow run from its saved config: `python -m ablations.rerun run_id=<id> [--check] [overrides]`.
+
+Fetches the run's `config.yaml` artifact (the fully resolved config, logged when the run starts, so FAILED and
+KILLED runs have it too), applies `key=value` overrides (dotted keys of that config; `+key=value` adds a key), and
+trains it again with `ablations.train.train` into the same store and experiment. The new run keeps the original's
+`variant` and `choice.*` tags (extended by any non-infrastructure override), is tagged `rerun_of=<id>` and
+`rerun_overrides`, and runs with the original's thread count where this machine has that many cores. At the end it
+compares the train/loss and val/loss curves with the original's, tags the new run `rerun_match=identical|differs`,
+and prints the environment tags that differ (torch version, threads, CPU, git commit, data fingerprint, ...), which
+explain a difference. `--check` exits 1 when the curves differ.
+
+The recorded config does not depend on conf/ any more: a re-run after conf/ changed still trains the recorded
+config. The store: `tracking.uri=<uri>` on this command, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import AblationsError, ConfigError, TrackingError
+
+USAGE = ("usage: python -m ablations.rerun run_id=<MLflow run id> [--check] [tracking.uri=URI] "
+         "[key=value ...] (dotted keys of the run's recorded config, e.g. seed=1 trainer.max_steps=50)")
+
+
+def parse_args(argv: list[str]) -> tuple[str, list[str], bool, str | None]:
+    """-> (run_id, overrides, check, tracking_uri)."""
+    run_id, overrides, check, uri = None, [], False, None
+    for a in argv:
+        if a == "--check":
+            check = True
+            continue
+        if a.startswith("-") or "=" not in a:
+            if run_id is None and a and not a.startswith("-") and "=" not in a:
+                run_id = a  # `python -m ablations.rerun <id>` works too
+                continue
+            raise ConfigError(f"argument {a!r} is not key=value: {USAGE}")
+        k, v = a.split("=", 1)
+        if k == "run_id":
+            run_id = v
+        elif k == "tracking.uri":
+            uri = v
+        else:
+            overrides.append(a)
+    if not run_id:
+        raise ConfigError(f"run_id=<MLflow run id> is required: {USAGE}")
+    return run_id, overrides, check, uri
+
+
+def fetch_config(cl, run_id: str, uri: str) -> tuple[DictConfig, object]:
+    """-> (the run's recorded config, the MLflow run)."""
+    try:
+        run = cl.get_run(run_id)
+    except Exception:  # noqa: BLE001
+        raise TrackingError(f"run_id={run_id} not found in {uri}: check the id, or pass tracking.uri=") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = cl.download_artifacts(run_id, "config.yaml", tmp)
+        except Exception:  # noqa: BLE001
+            raise ConfigError(f"run {run_id} has no config.yaml artifact (status {run.info.status}; runs recorded "
+                              f"before the config was logged at start only have it once FINISHED)") from None
+        cfg = OmegaConf.load(path)
+    if not isinstance(cfg, DictConfig) or "model" not in cfg or "seed" not in cfg:
+        raise ConfigError(f"run {run_id}: config.yaml is not a config of this harness (no model/seed)")
+    return cfg, run
+
+
+def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """`key=value` sets an existing dotted key (YAML-typed value, as on the Hydra command line); `+key=value` adds one.
+
+    Group choices (`norm=rmsnorm`) cannot be re-composed from a resolved config: train that variant with
+    `python -m ablations.run`."""
+    cfg = cfg.copy()
+    OmegaConf.set_struct(cfg, False)
+    for o in overrides:
+        k, v = o.split("=", 1)
+        add = k.startswith("+")
+        k = k.lstrip("+")
+        if not k:
+            raise ConfigError(f"override {o!r} has no key")
+        missing = OmegaConf.select(cfg, k, default="__missing__") == "__missing__"
+        if missing and not add:
+            raise ConfigError(f"{k} is not a key of the recorded config: check the spelling, or use +{k}={v} to add it")
+        old = OmegaConf.select(cfg, k)
+        if isinstance(old, DictConfig) and (Path(__file__).resolve().parents[1] / "conf" / k).is_dir():
+            raise ConfigError(f"{k}={v}: a group choice cannot be changed on a re-run of a recorded config: run "
+                              f"`python -m ablations.run {k}={v} ...` instead, or override its keys ({k}.<key>=...)")
+        parsed = OmegaConf.from_dotlist([f"x={v}"]).x if v != "" else ""
+        OmegaConf.update(cfg, k, parsed, merge=False, force_add=True)
+    return cfg
+
+
+def _name_tokens(name: str) -> list[tuple[str, str]]:
+    return [tuple(t.split("=", 1)) if "=" in t else (t, None) for t in (name or "").split()]
+
+
+def run_name(original: str | None, overrides: list[str]) -> str:
+    """The original's run name with overridden keys replaced (e.g. `norm=rmsnorm seed=1` + seed=2 -> ...seed=2)."""
+    from .tracking import NAME_SKIP_PREFIXES
+
+    toks = [] if original in (None, "", "default") else _name_tokens(original)
+    for o in overrides:
+        k, v = o.split("=", 1)
+        k = k.lstrip("+")
+        if k.startswith(NAME_SKIP_PREFIXES):
+            continue
+        for i, (tk, _) in enumerate(toks):
+            if tk.lstrip("+~") == k:
+                toks[i] = (tk, v)
+                break
+        else:
+            toks.append((k, v))
+    return " ".join(k if v is None else f"{k}={v}" for k, v in toks) or "default"
+
+
+def rerun_tags(run, overrides: list[str]) -> dict[str, str]:
+    from .tracking import INFRA_PREFIXES
+
+    tags = {k: v for k, v in run.data.tags.items() if k == "variant" or k.startswith("choice.")}
+    changed = [o.lstrip("+") for o in overrides
+               if o.split("=", 1)[0].lstrip("+") != "seed" and not o.lstrip("+").startswith(INFRA_PREFIXES)]
+    if changed:
+        base = tags.get("variant", "baseline")
+        tags["variant"] = " ".join(([] if base == "baseline" else [base]) + changed)
+    tags["rerun_of"] = run.info.run_id
+    tags["rerun_overrides"] = " ".join(overrides) or "none"
+    tags["mlflow.runName"] = run_name(run.info.run_name, overrides)
+    return tags
+
+
+def match_threads(run) -> str | None:
+    """Use the original's intra-op thread count (it changes float reduction order); -> a note for the user."""
+    import torch
+
+    want = run.data.tags.get("num_threads")
+    if not (want and want.isdigit()) or int(want) == torch.get_num_threads():
+        return None
+    want = int(want)
+    if want > (os.cpu_count() or 1):
+        return (f"the original ran with {want} threads, this machine has {os.cpu_count()} cores: keeping "
+                f"{torch.get_num_threads()} (the curve may differ in the last digits)")
+    torch.set_num_threads(want)
+    return f"using the original's {want} threads"
+
+
+def rerun(run_id: str, overrides: list[str] = (), tracking_uri: str | None = None, callbacks=()) -> dict:
+    """Train run `run_id`'s recorded config again (with `overrides`); -> train()'s result plus `rerun_of`,
+    `comparison` (ablations.repro.compare_curves) and `environment_diff` (tags that differ from the original)."""
+    from . import tracking as trk
+    from .repro import compare_curves, environment_diff
+    from .train import train
+
+    overrides = list(overrides)
+    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if tracking_uri and env_uri and tracking_uri != env_uri:
+        raise ConfigError(f"tracking.uri={tracking_uri} but MLFLOW_TRACKING_URI={env_uri} (which training would use): "
+                          f"unset MLFLOW_TRACKING_URI or drop tracking.uri=")
+    uri = tracking_uri or trk.tracking_uri(None)
+    trk.check_reachable(uri)
+    cl = trk.client(uri)
+    cfg, run = fetch_config(cl, run_id, uri)
+    if not any(o.split("=", 1)[0].lstrip("+") == "resume" for o in overrides):
+        cfg.resume = None  # never continue (or reopen) the original's checkpoint / MLflow run
+    cfg = apply_overrides(cfg, overrides)
+    cfg.tracking.uri = uri  # the re-run goes into the store it was read from
+    import torch
+
+    threads = torch.get_num_threads()
+    note = match_threads(run)
+    if note:
+        print(f"[ablations.rerun] {note}", flush=True)
+    try:
+        result = train(cfg, callbacks=callbacks, tags=rerun_tags(run, overrides))
+    finally:
+        torch.set_num_threads(threads)
+    new = result["run_id"]
+    cmp = compare_curves(cl, run_id, new)
+    env = environment_diff(run.data.tags, cl.get_run(new).data.tags)
+    cl.set_tag(new, "rerun_match", "identical" if cmp["identical"] else "differs")
+    return {**result, "rerun_of": run_id, "comparison": cmp, "environment_diff": env}
+
+
+def summary(r: dict, overrides) -> str:
+    cmp = r["comparison"]
+    pts = ", ".join(f"{k} {v['points']} points" for k, v in cmp["metrics"].items())
+    if cmp["identical"]:
+        line = f"[ablations.rerun] run {r['run_id']} reproduces {r['rerun_of']}: identical curves ({pts})"
+    else:
+        bad = "; ".join(f"{k}: first difference at step {v['first_diff_step']}, max |diff| {v['max_abs_diff']:.3g}"
+                        for k, v in cmp["metrics"].items() if not v["identical"])
+        line = f"[ablations.rerun] run {r['run_id']} DIFFERS from {r['rerun_of']}: {bad}"
+        if overrides:
+            line += f" (overrides: {' '.join(overrides)})"
+    env = r["environment_diff"]
+    if env:
+        line += "\n[ablations.rerun] environment differences (original -> re-run): " + "; ".join(
+            f"{k}: {a} -> {b}" for k, (a, b) in env.items())
+    elif not cmp["identical"]:
+        line += "\n[ablations.rerun] no recorded environment difference"
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    logging.getLogger("ablations").setLevel(logging.INFO)
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip() + "\n\n" + USAGE)
+        return 0
+    try:
+        run_id, overrides, check, uri = parse_args(argv)
+        r = rerun(run_id, overrides, uri)
+    except AblationsError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 3 if type(e).__name__ == "DivergenceError" else 2
+    print(summary(r, overrides), flush=True)
+    return 1 if check and not r["comparison"]["identical"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
