@@ -156,10 +156,6 @@ def rerun(run_id: str, overrides: list[str] = (), tracking_uri: str | None = Non
     from .train import train
 
     overrides = list(overrides)
-    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if tracking_uri and env_uri and tracking_uri != env_uri:
-        raise ConfigError(f"tracking.uri={tracking_uri} but MLFLOW_TRACKING_URI={env_uri} (which training would use): "
-                          f"unset MLFLOW_TRACKING_URI or drop tracking.uri=")
     uri = tracking_uri or trk.tracking_uri(None)
     trk.check_reachable(uri)
     cl = trk.client(uri)

@@ -28,11 +28,9 @@ NAME_SKIP_PREFIXES = ("tracking.", "hydra.", "resume", "experiment", "data.cache
 
 
 def tracking_uri(cfg: DictConfig | None = None) -> str:
-    env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
+    """`tracking.uri` when set (the command line wins), else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db."""
     uri = cfg.get("tracking", {}).get("uri") if cfg is not None else None
-    return str(uri) if uri else DEFAULT_URI
+    return str(uri) if uri else os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:

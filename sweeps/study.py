@@ -253,14 +253,10 @@ def make_pruner(settings: SweepSettings, trainer_cfg: Mapping[str, Any],
 
 
 def tracking_uri(cfg: DictConfig | None) -> str:
-    """Same rule as the harness: $MLFLOW_TRACKING_URI, else tracking.uri, else sqlite:///mlflow.db in the CWD."""
-    env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
-    uri = None
-    if cfg is not None:
-        uri = OmegaConf.select(cfg, "tracking.uri", default=None)
-    return str(uri) if uri else "sqlite:///mlflow.db"
+    """The harness's rule: tracking.uri, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the CWD."""
+    from ablations.tracking import tracking_uri as harness_tracking_uri
+
+    return harness_tracking_uri(cfg)
 
 
 class MlflowLinks:
