@@ -152,13 +152,21 @@ class MetricsCallback(pl.Callback):
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking:
             return
-        self.pause(self._now(pl_module.device) - self._val_t0)
+        now = self._now(pl_module.device)
+        self.pause(now - self._val_t0)
         v = trainer.callback_metrics.get("val/loss")
         if v is None:
             return
         v = float(v)
-        self.last_val_loss, self.last_val_step = v, trainer.global_step
-        self._log(trainer, {"val/loss": v, "val/bpb": self.bpb(v)}, trainer.global_step)
+        step = trainer.global_step
+        self.last_val_loss, self.last_val_step = v, step
+        m = {"val/loss": v, "val/bpb": self.bpb(v)}
+        if step % self.log_every != 0 and step < self.max_steps:
+            # a validation off the logging cadence (e.g. trainer.max_time stopped the run): give it its own
+            # clock and token count, so loss-against-time curves and time-to-quality can read it
+            self.elapsed_sec = self._elapsed0 + (now - self._fit_t0 - self._session_paused)
+            m.update(elapsed_sec=self.elapsed_sec, tokens_seen=self.tokens_seen)
+        self._log(trainer, m, step)
         self.flush(trainer)
 
     def bpb(self, val_loss: float) -> float:

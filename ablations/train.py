@@ -277,6 +277,11 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
     if "hydra" in cfg:
         cfg.pop("hydra")
     _check_cfg(cfg)
+    threads = cfg.get("threads")
+    if threads is not None:  # intra-op threads of this process (also the sweeps' in-process trials)
+        if not str(threads).isdigit() or int(threads) < 1:
+            raise ConfigError(f"threads={threads} must be a positive integer, or null for torch's default")
+        torch.set_num_threads(int(threads))
     rank = _env_rank()
     is_main = rank == 0
 
