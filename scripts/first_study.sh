@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
 # The first study (issue 7): the four shipped ablations on tinyshakespeare (char tokenizer), small-cpu size,
-# 3 seeds each, matched budgets (conf/experiment/*.yaml: same steps, batch and context for every variant), then one
-# report per family regenerated from the MLflow store the study wrote.
+# 3 seeds each, matched budgets (conf/experiment/*.yaml: same steps, batch, context and lr for every variant), then
+# one report per family regenerated from the MLflow store the study wrote.
 #
-#   scripts/first_study.sh [STORE_DIR]          # train everything, then write reports/first-study/
-#   scripts/first_study.sh --report [STORE_DIR] # only regenerate the reports from an existing store
+#   scripts/first_study.sh            # train everything into study/mlflow.db, then write reports/first-study/
+#   scripts/first_study.sh --report   # only regenerate reports/first-study/*/ from the store; without a
+#                                     # study/mlflow.db it uses the committed copy reports/first-study/mlflow.db.gz
 #
-# STORE_DIR (default: study/) holds mlflow.db and the runs' artifacts. Offline, point the corpus at a local copy
-# with ABLATIONS_SHAKESPEARE_PATH (it is downloaded and checksum-verified otherwise).
+# The store's metrics, params and tags (not its checkpoint artifacts) are committed as
+# reports/first-study/mlflow.db.gz so that anyone can regenerate or re-analyse the report without re-training.
+# Offline, point the corpus at a local copy with ABLATIONS_SHAKESPEARE_PATH (else it is downloaded and checksummed).
 # OMP_NUM_THREADS=1 by default: on a shared 2-core machine one thread per run gives steady timings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$(pwd)
 report_only=0
-if [[ "${1:-}" == "--report" ]]; then report_only=1; shift; fi
-store=$(mkdir -p "${1:-study}" && cd "${1:-study}" && pwd)
+if [[ "${1:-}" == "--report" ]]; then report_only=1; fi
+store=study
+gz=reports/first-study/mlflow.db.gz
+mkdir -p "$store"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-export MLFLOW_TRACKING_URI="sqlite:///$store/mlflow.db"
 families=(norms positions mlps attention)
 if [[ $report_only == 0 ]]; then
   for family in "${families[@]}"; do
-    (cd "$store" && python -m ablations.run -m "experiment=$family" trainer.enable_progress_bar=false)
+    (cd "$store" && MLFLOW_TRACKING_URI="sqlite:///$(pwd)/mlflow.db" \
+      python -m ablations.run -m "experiment=$family" trainer.enable_progress_bar=false)
   done
+  # a compact copy of the store (no artifacts) beside the report
+  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
+    "$store/mlflow.db" "$store/mlflow.compact.db"
+  gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+elif [[ ! -f "$store/mlflow.db" ]]; then
+  gunzip -c "$gz" > "$store/mlflow.db"
 fi
 for family in "${families[@]}"; do
-  python -m analysis.report "$family" --out "$repo/reports/first-study/$family"
+  rm -rf "reports/first-study/$family"
+  MLFLOW_TRACKING_URI="sqlite:///$store/mlflow.db" python -m analysis.report "$family" --out "reports/first-study/$family"
 done
