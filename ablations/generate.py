@@ -53,21 +53,16 @@ def parse_args(argv: list[str]) -> dict:
 
 def load_run(run_id: str, uri: str, tokenizer_name: str | None = None):
     """-> (model, tokenizer, checkpoint dict) of an MLflow run, refusing a tokenizer mismatch."""
-    import torch  # noqa: F401
-
     from modules.gpt import GPT
 
-    from .errors import CheckpointError, TokenizerError, TrackingError
+    from .errors import CheckpointError, TokenizerError
     from .tokenizers import tokenizer_from_identity
-    from .tracking import check_reachable, client
+    from .tracking import check_reachable, client, get_run
     from .train import load_final_checkpoint
 
     check_reachable(uri)
     cl = client(uri)
-    try:
-        run = cl.get_run(run_id)
-    except Exception:  # noqa: BLE001
-        raise TrackingError(f"run_id={run_id} not found in {uri}: check the id, or pass tracking.uri=") from None
+    run = get_run(cl, run_id, uri)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = cl.download_artifacts(run_id, "checkpoints/final.ckpt", tmp)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import AblationsError, ConfigError, TrackingError
+from .errors import AblationsError, ConfigError
 
 USAGE = ("usage: python -m ablations.rerun run_id=<MLflow run id> [--check] [tracking.uri=URI] "
          "[key=value ...] (dotted keys of the run's recorded config, e.g. seed=1 trainer.max_steps=50)")
@@ -54,10 +54,9 @@ def parse_args(argv: list[str]) -> tuple[str, list[str], bool, str | None]:
 
 def fetch_config(cl, run_id: str, uri: str) -> tuple[DictConfig, object]:
     """-> (the run's recorded config, the MLflow run)."""
-    try:
-        run = cl.get_run(run_id)
-    except Exception:  # noqa: BLE001
-        raise TrackingError(f"run_id={run_id} not found in {uri}: check the id, or pass tracking.uri=") from None
+    from .tracking import get_run
+
+    run = get_run(cl, run_id, uri)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = cl.download_artifacts(run_id, "config.yaml", tmp)

@@ -202,3 +202,11 @@ def terminate(cl, run_id: str, status: str, reason: str | None = None, extra_tag
             if attempt == 4:
                 raise
             time.sleep(0.5 * (attempt + 1))
+
+
+def get_run(cl, run_id: str, uri: str):
+    """The MLflow run `run_id`, or a one-line TrackingError that names the id and the store searched."""
+    try:
+        return cl.get_run(run_id)
+    except Exception:  # noqa: BLE001  (MLflow raises several types for a bad or unknown id)
+        raise TrackingError(f"run_id={run_id} not found in {uri}: check the id, or pass tracking.uri=") from None

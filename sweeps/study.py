@@ -19,7 +19,6 @@ import contextlib
 import gc
 import logging
 import math
-import os
 import sys
 import time
 import warnings
