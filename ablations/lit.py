@@ -1,6 +1,7 @@
 """The thin LightningModule around modules.gpt.GPT, the atomic checkpoint callback, and precision selection."""
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -76,6 +77,11 @@ def _fault():
     return kind, int(step)
 
 
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 class LitGPT(pl.LightningModule):
     def __init__(self, model: torch.nn.Module, optim: dict, max_steps: int, ckpt_meta: dict | None = None):
         super().__init__()
@@ -101,6 +107,10 @@ class LitGPT(pl.LightningModule):
         _quiet_lightning()  # also in ddp_spawn workers
 
     def on_fit_start(self):
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Lightning never destroys the process group; a ddp_spawn worker that exits with gloo's threads still
+            # alive can die in std::terminate (SIGABRT) at interpreter shutdown. Destroy it cleanly on exit instead.
+            atexit.register(_destroy_process_group)
         if self.compile_model and self._compiled is None:
             # not registered as a submodule: state_dict keys stay those of the eager model
             object.__setattr__(self, "_compiled", torch.compile(self.model))
