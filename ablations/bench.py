@@ -727,7 +727,10 @@ def main(argv: list[str] | None = None) -> int:
 def _log_to_mlflow(out: dict) -> None:
     import mlflow
 
-    mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
+    from .tracking import tracking_uri
+
+    # the harness's rule (tracking.uri override, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)
+    mlflow.set_tracking_uri(tracking_uri(compose(out["overrides"])))
     mlflow.set_experiment("bench")
     flat = {}
 
