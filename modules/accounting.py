@@ -1,8 +1,9 @@
 """Sizes as pure functions of the config: parameters, training FLOPs per token, KV-cache bytes.
 
-No weights are built; everything is counted from the same derived sizes (GPTConfig.head_size, n_kv_head,
-mlp_hidden, kv_latent_dim, rope_dim) the modules are built from, and tests check each figure against a real model.
-`cfg` may be a GPTConfig, a GPT (its .config), or the dict / DictConfig you would pass to GPT.
+No weights are built, and no variant name is compared: each figure is summed from the facts the chosen variants
+declare (Attention.linears / score_dims / kv_numbers_per_token, MLP.linears, Norm.num_params, Position.num_params),
+and tests check each figure against a real model. `cfg` may be a GPTConfig, a GPT (its .config), or the dict /
+DictConfig you would pass to GPT.
 """
 import torch
 
@@ -15,52 +16,28 @@ def _cfg(cfg) -> GPTConfig:
     return GPTConfig.from_dict(cfg)
 
 
-def _norm(c: GPTConfig, dim: int) -> int:
-    return dim * (2 if c.norm.name == "layernorm" and c.bias else 1)
-
-
-def _linear(c: GPTConfig, n_in: int, n_out: int) -> tuple[int, int]:
-    """(weights, biases) of one nn.Linear."""
-    return n_in * n_out, (n_out if c.bias else 0)
-
-
 def _layer_linears(c: GPTConfig) -> list[tuple[int, int]]:
-    """Every Linear of one transformer block, as (weights, biases)."""
-    d, nh, hs = c.n_embd, c.n_head, c.head_size
-    if c.attention.name == "mla":
-        dc, dr = c.kv_latent_dim, c.rope_dim
-        attn = [_linear(c, d, nh * (hs + dr)),  # c_q: content + rotary query parts
-                _linear(c, d, dc + dr),         # c_kv_down: latent + shared rotary key
-                _linear(c, dc, 2 * nh * hs),    # c_kv_up: per-head keys and values
-                _linear(c, d, d)]               # c_proj
-    else:
-        attn = [_linear(c, d, (nh + 2 * c.n_kv_head) * hs), _linear(c, d, d)]  # c_attn (q,k,v fused), c_proj
-    h = c.mlp_hidden
-    gated = c.mlp.name in ("swiglu", "geglu")
-    mlp = [_linear(c, d, 2 * h if gated else h), _linear(c, h, d)]  # c_fc (gate+up fused if gated), c_proj
-    return attn + mlp
+    """(in, out) of every Linear of one transformer block: attention, then MLP."""
+    return c.variant("attention").linears(c) + c.variant("mlp").linears(c)
 
 
-def _layer_norm_params(c: GPTConfig) -> int:
-    n = 2 * _norm(c, c.n_embd)  # ln_1, ln_2
-    if c.norm.qk_norm:
-        n += 2 * _norm(c, c.head_size)
-        if c.attention.name == "mla" and c.rope_dim:
-            n += 2 * _norm(c, c.rope_dim)
-    return n
+def _layer_params(c: GPTConfig) -> int:
+    attn, norm = c.variant("attention"), c.variant("norm")
+    linears = sum(i * o + (o if c.bias else 0) for i, o in _layer_linears(c))
+    norms = 2 * norm.num_params(c, c.n_embd) + sum(norm.num_params(c, d) for d in attn.qk_norm_dims(c))  # ln_1, ln_2
+    return linears + norms + attn.extra_params(c)
 
 
 def param_counts(cfg) -> dict:
-    """{"params": total, "params_non_embedding": total minus the token embedding and the learned position
-    table}. A tied lm_head shares the token embedding and is counted once; an untied one is non-embedding."""
+    """{"params": total, "params_non_embedding": total minus the token embedding and any position table}. A tied
+    lm_head shares the token embedding and is counted once; an untied one is non-embedding."""
     c = _cfg(cfg)
+    position = c.variant("position")
     tok = c.vocab_size * c.n_embd
-    pos = c.block_size * c.n_embd if c.position.name == "learned" else 0
-    per_layer = sum(w + b for w, b in _layer_linears(c)) + _layer_norm_params(c)
-    final_norm = _norm(c, c.n_embd) if c.norm.placement == "pre" else 0  # post-norm blocks end normalised
+    final_norm = c.variant("norm").num_params(c, c.n_embd) if c.norm.placement == "pre" else 0  # post: blocks end normed
     head = 0 if c.tie_weights else c.vocab_size * c.n_embd
-    total = tok + pos + c.n_layer * per_layer + final_norm + head
-    return {"params": total, "params_non_embedding": total - tok - pos}
+    total = tok + position.num_params(c) + c.n_layer * _layer_params(c) + final_norm + head
+    return {"params": total, "params_non_embedding": total - tok - position.embedding_params(c)}
 
 
 def attention_span(cfg, seq_len: int | None = None) -> int:
@@ -78,14 +55,13 @@ def flops_per_token(cfg, seq_len: int | None = None) -> int:
     N_matmul counts the weights of every matrix multiply a token goes through (all Linear layers including the
     lm_head, which is a matmul even when tied; not the embedding lookups, norms or biases); 2 FLOPs per weight
     forward, 4 backward. The second term is the score (q.k, width d_qk) and value (width d_v) products against
-    T_att keys, again x2 forward and x3 for training. d_qk = d_v = head_size, except MLA where d_qk = head_size +
-    rope_dim. T_att = seq_len (default block_size), or min(seq_len, window) for sliding attention. Like PaLM we
-    don't halve for causality, so for MHA the term is the familiar 12 * n_layer * n_embd * seq_len.
+    T_att keys, again x2 forward and x3 for training; (d_qk, d_v) is the attention's `score_dims` (head_size each,
+    MLA: head_size + rope_dim for the scores). T_att = seq_len (default block_size), capped at the attention's
+    window. Like PaLM we don't halve for causality, so for MHA the term is the familiar 12 * n_layer * n_embd * T.
     """
     c = _cfg(cfg)
-    n_matmul = c.n_layer * sum(w for w, _ in _layer_linears(c)) + c.vocab_size * c.n_embd
-    d_qk = c.head_size + c.rope_dim
-    d_v = c.head_size
+    n_matmul = c.n_layer * sum(i * o for i, o in _layer_linears(c)) + c.vocab_size * c.n_embd
+    d_qk, d_v = c.variant("attention").score_dims(c)
     attn = 6 * c.n_layer * c.n_head * (d_qk + d_v) * attention_span(c, seq_len)
     return 6 * n_matmul + attn
 
@@ -95,11 +71,10 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def kv_cache_bytes_per_token(cfg, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes the KV cache holds per token of one sequence: n_layer * (2 * n_kv_head * head_size) numbers for
-    MHA/GQA/MQA/sliding, n_layer * (kv_latent_dim + rope_dim) for MLA."""
+    """Bytes the KV cache holds per token of one sequence: n_layer times the attention's kv_numbers_per_token
+    (2 * n_kv_head * head_size for MHA/GQA/MQA/sliding, kv_latent_dim + rope_dim for MLA)."""
     c = _cfg(cfg)
-    per_layer = c.kv_latent_dim + c.rope_dim if c.attention.name == "mla" else 2 * c.n_kv_head * c.head_size
-    return c.n_layer * per_layer * _itemsize(dtype)
+    return c.n_layer * c.variant("attention").kv_numbers_per_token(c) * _itemsize(dtype)
 
 
 def kv_cache_bytes(cfg, seq_len: int, batch_size: int = 1, dtype: torch.dtype = torch.bfloat16) -> int:

@@ -53,6 +53,10 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight  # one V x C matrix reads tokens in and writes logits out
+        # The Linears that write into the residual stream, as each attention/MLP variant declares them by name
+        # (a missing name fails here, loudly, instead of silently changing the init).
+        self._residual = {id(getattr(part, name)) for block in self.blocks for part in (block.attn, block.mlp)
+                          for name in type(part).residual_projections}
         self.apply(self._init_weights)
 
     @classmethod
@@ -64,7 +68,7 @@ class GPT(nn.Module):
         # GPT-2 init: N(0, 0.02) everywhere; the projections that write into the residual stream are scaled by
         # 1/sqrt(2L) because 2L of them are summed (one attention and one MLP per layer), keeping its variance flat.
         if isinstance(module, nn.Linear):
-            std = 0.02 / math.sqrt(2 * self.config.n_layer) if getattr(module, "residual", False) else 0.02
+            std = 0.02 / math.sqrt(2 * self.config.n_layer) if id(module) in self._residual else 0.02
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
@@ -74,9 +78,7 @@ class GPT(nn.Module):
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # a tied lm_head is counted once
         if non_embedding:
-            n -= self.wte.weight.numel()
-            if hasattr(self.position, "wpe"):
-                n -= self.position.wpe.weight.numel()
+            n -= self.wte.weight.numel() + type(self.position).embedding_params(self.config)
         return n
 
     def new_cache(self, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
@@ -87,10 +89,9 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------------------------------------
     def _attn_mask(self, pos, valid, cache, padded: bool):
         """The mask every layer uses for this call, built once: bool (B, 1, T, S), or a float bias with -inf where
-        masked (B, nh, T, S) when the position scheme adds one (alibi), or None for plain causal attention."""
+        masked (B, nh, T, S) when the position scheme adds one (alibi, t5bias), or None for plain causal attention."""
         cfg = self.config
-        bias_needed = cfg.position.name == "alibi"
-        if cache is None and not padded and cfg.window is None and not bias_needed:
+        if cache is None and not padded and cfg.window is None and not self.position.adds_attn_bias:
             return None  # SDPA's is_causal fast path
         B, T = pos.shape
         past = 0 if cache is None else cache.seq_len

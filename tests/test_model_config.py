@@ -6,8 +6,10 @@ import pytest
 import torch
 import yaml
 
-from modules import attention, mlps, norms, positions
-from modules.config import ATTENTIONS, MLPS, NORMS, POSITIONS, GPTConfig, build_config
+from dataclasses import fields
+
+from modules.config import GPTConfig, build_config
+from modules.registry import FAMILIES, names, variant
 from modules.gpt import GPT
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -36,10 +38,10 @@ BAD = [
     (cfg(attention={"name": "mha", "window": 4}), ["attention.window", "4", "sliding"]),
     (cfg(attention={"name": "mla", "kv_latent_dim": 33}), ["kv_latent_dim", "33", "[1, n_embd=32]"]),
     (cfg(attention={"name": "mla", "kv_latent_dim": 0}), ["kv_latent_dim", "0", "[1, inf]"]),
-    (cfg(position="rotary"), ["position.name", "'rotary'", "learned, rope, alibi, nope, sinusoidal"]),
-    (cfg(norm={"name": "batchnorm"}), ["norm.name", "'batchnorm'", "layernorm, rmsnorm"]),
-    (cfg(mlp={"name": "moe"}), ["mlp.name", "'moe'", "gelu, relu2, swiglu, geglu"]),
-    (cfg(attention={"name": "linear"}), ["attention.name", "'linear'", "mha, gqa, mqa, sliding, mla"]),
+    (cfg(position="rotary"), ["position.name", "'rotary'", "alibi, learned, nope, rope, sinusoidal"]),
+    (cfg(norm={"name": "batchnorm"}), ["norm.name", "'batchnorm'", "layernorm", "rmsnorm"]),
+    (cfg(mlp={"name": "moe"}), ["mlp.name", "'moe'", "geglu, gelu, relu2, swiglu"]),
+    (cfg(attention={"name": "linear"}), ["attention.name", "'linear'", "gqa, mha, mla, mqa, sliding"]),
     (cfg(norm={"name": "rmsnorm", "placement": "sandwich"}), ["norm.placement", "'sandwich'", "pre, post"]),
     (cfg(norm={"name": "rmsnorm", "qk_norm": "yes"}), ["norm.qk_norm", "'yes'", "true or false"]),
     (cfg(norm={"name": "rmsnorm", "eps": 0}), ["norm.eps", "0", "(0, 1)"]),
@@ -75,12 +77,14 @@ def test_bad_input_raises_clear_value_error(kwargs, needles):
 def test_good_configs_and_defaults():
     c = build_config(**BASE)
     assert (c.position.name, c.norm.name, c.mlp.name, c.attention.name) == ("learned", "layernorm", "gelu", "mha")
-    assert c.n_kv_head == 4 and c.head_size == 8 and c.window is None and c.rope_dim == 0
+    assert c.n_kv_head == 4 and c.head_size == 8 and c.window is None and c.rotary_dim == 8
+    assert c.variant("attention").score_dims(c) == (8, 8)  # no decoupled rotary part outside MLA
     assert build_config(**cfg(attention="mqa")).n_kv_head == 1
     assert build_config(**cfg(attention={"name": "gqa", "n_kv_head": 2})).n_kv_head == 2
     assert build_config(**cfg(attention={"name": "sliding", "window": 3, "n_kv_head": None})).n_kv_head == 4
     mla = build_config(**cfg(attention={"name": "mla", "kv_latent_dim": None, "rope_dim": None}))
-    assert (mla.kv_latent_dim, mla.rope_dim) == (16, 4)  # n_embd // 2, head_size // 2
+    mla_cls = mla.variant("attention")
+    assert (mla_cls.latent_dim(mla), mla_cls.rope_dim(mla)) == (16, 4)  # n_embd // 2, head_size // 2
     # gated MLPs are parameter-matched: hidden ~ 8/3 d rounded to a multiple of 8
     assert build_config(**cfg(mlp="swiglu", n_embd=768, n_head=12)).mlp_hidden == 2048
     assert build_config(**cfg(mlp="geglu", n_embd=128)).mlp_hidden == 344
@@ -94,25 +98,26 @@ def test_good_configs_and_defaults():
     assert GPTConfig.from_dict(c.to_dict()) == c
 
 
-def test_registries_match_config_choices():
-    assert tuple(positions.REGISTRY) == POSITIONS
-    assert tuple(norms.REGISTRY) == NORMS
-    assert tuple(mlps.REGISTRY) == MLPS
-    assert tuple(attention.REGISTRY) == ATTENTIONS
+def test_registries_are_discovered_from_the_variant_files():
+    """Every module file of a family registers exactly one variant and is found without being listed anywhere."""
+    for family, package in (("position", "positions"), ("norm", "norms"), ("mlp", "mlps"),
+                            ("attention", "attention")):
+        files = {p.stem for p in (CONF.parent / "modules" / package).glob("*.py")} - {"__init__", "base"}
+        found = [variant(family, n).__module__.rsplit(".", 1)[1] for n in names(family)]
+        assert sorted(found) == sorted(files), family
 
 
-@pytest.mark.parametrize("group,names", [("position", POSITIONS), ("norm", NORMS), ("mlp", MLPS),
-                                         ("attention", ATTENTIONS)])
-def test_every_variant_has_a_yaml_that_validates(group, names):
+@pytest.mark.parametrize("group", FAMILIES)
+def test_every_variant_has_a_yaml_that_validates(group):
     files = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-    assert files == sorted(names)
-    for name in names:
+    assert files == sorted(names(group))
+    for name in names(group):
         d = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
         assert d["name"] == name
-        build_config(**{**BASE, group: d})
+        c = build_config(**{**BASE, group: d})
+        # the YAML spells out every option the variant has (so `group.key=...` overrides always find a key)
+        assert set(d) == {f.name for f in fields(type(getattr(c, group)))}, name
     assert yaml.safe_load((CONF / "position/rope.yaml").read_text())["base"] == 10000
-    for n in NORMS:
-        assert set(yaml.safe_load((CONF / f"norm/{n}.yaml").read_text())) == {"name", "placement", "qk_norm", "eps"}
 
 
 @pytest.mark.parametrize("preset,sizes", [("tiny", (32, 2, 4, 32)), ("small-cpu", (64, 4, 4, 128)),

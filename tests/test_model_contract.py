@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from modules import accounting
-from modules.config import ATTENTIONS, MLPS, NORMS, POSITIONS
+from modules.registry import names
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 WINDOW = 6   # sliding cases use a window well inside the test sequences, so the band really cuts
@@ -44,9 +44,9 @@ def _with_window(overrides):
 
 
 # Every variant YAML once (the defaults learned/layernorm/gelu/mha together form the baseline case) ...
-YAML_CASES = [[]] + [[f"{group}={name}"] for group, names, default in (
-    ("position", POSITIONS, "learned"), ("norm", NORMS, "layernorm"), ("mlp", MLPS, "gelu"),
-    ("attention", ATTENTIONS, "mha")) for name in names if name != default]
+YAML_CASES = [[]] + [[f"{group}={name}"] for group, default in (
+    ("position", "learned"), ("norm", "layernorm"), ("mlp", "gelu"), ("attention", "mha"))
+    for name in names(group) if name != default]
 # ... the norm options, and the combinations most likely to break something ...
 EXTRA_CASES = [
     ["norm.placement=post"],
@@ -62,9 +62,9 @@ EXTRA_CASES = [
 def _random_case(seed):
     """A seeded random point of position x norm/placement/qk_norm x mlp x attention."""
     r = random.Random(seed)
-    case = [f"position={r.choice(POSITIONS)}", f"norm={r.choice(NORMS)}",
+    case = [f"position={r.choice(names('position'))}", f"norm={r.choice(names('norm'))}",
             f"norm.placement={r.choice(['pre', 'post'])}", f"norm.qk_norm={r.choice(['true', 'false'])}",
-            f"mlp={r.choice(MLPS)}", f"attention={r.choice(ATTENTIONS)}"]
+            f"mlp={r.choice(names('mlp'))}", f"attention={r.choice(names('attention'))}"]
     if case[-1] == "attention=sliding" and r.random() < 0.5:
         case.append("attention.n_kv_head=2")
     return case

@@ -1,21 +1,9 @@
-"""Attention variants by name."""
-from modules.attention.gqa import GroupedQueryAttention
-from modules.attention.mha import MultiHeadAttention
-from modules.attention.mla import MultiHeadLatentAttention
-from modules.attention.mqa import MultiQueryAttention
-from modules.attention.sliding import SlidingWindowAttention
-
-REGISTRY = {
-    "mha": MultiHeadAttention,
-    "gqa": GroupedQueryAttention,
-    "mqa": MultiQueryAttention,
-    "sliding": SlidingWindowAttention,
-    "mla": MultiHeadLatentAttention,
-}
+"""Attention variants: one module file each, registered by name (see modules/registry.py)."""
 
 
 def build_attention(cfg, layer_idx: int):
-    return REGISTRY[cfg.attention.name](cfg, layer_idx)
+    from modules.registry import variant
+    return variant("attention", cfg.attention.name)(cfg, layer_idx)
 
 
-__all__ = ["REGISTRY", "build_attention"]
+__all__ = ["build_attention"]

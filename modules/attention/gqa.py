@@ -3,34 +3,50 @@
 MHA (n_kv_head = n_head) and MQA (n_kv_head = 1) are its two ends; sliding-window attention is it with a
 banded mask. The KV cache holds only the n_kv_head heads, which is the whole point of GQA/MQA.
 """
-import torch
-import torch.nn.functional as F
+from dataclasses import dataclass
+
 from torch import nn
 
+from modules.attention.base import Attention, AttentionOptions, sdpa
 from modules.norms import build_norm
+from modules.options import check_int, fail
 from modules.positions import apply_rotary
+from modules.registry import register
 
 
-def sdpa(q, k, v, mask, dropout_p: float):
-    """F.scaled_dot_product_attention with our mask convention: None means plain causal (no cache, no padding,
-    no window, no bias), otherwise a bool mask (True = may attend) or a float bias with -inf where masked.
-    Every query row has at least one visible key (the GPT guarantees it), so the softmax never sees 0/0."""
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        # PyTorch's CPU flash-attention kernel runs many small per-block GEMMs; in bf16 each goes through oneDNN
-        # with a high per-call cost, so it is 2-3x slower than in fp32: training fwd+bwd at short contexts and
-        # small heads (small-cpu: 62 of 160 ms per bf16 step) and decoding alike (gpt2-124m, 1000 cached tokens:
-        # 17 ms per token in bf16, 5 ms after casting the cache to fp32). Attention is a small share of the
-        # FLOPs, so compute it in fp32 (more accurate too) and cast the output back.
-        with torch.autocast("cpu", enabled=False):
-            return sdpa(q.float(), k.float(), v.float(), mask, dropout_p).to(q.dtype)
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-    if mask.is_floating_point():
-        mask = mask.to(q.dtype)  # SDPA wants a float mask in the query dtype (bf16 under autocast)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+@dataclass(frozen=True)
+class GQAOptions(AttentionOptions):
+    n_kv_head: int | None = None  # required: key/value heads, a divisor of n_head
+
+    def __post_init__(self):
+        if self.n_kv_head is None:
+            fail(self.key("n_kv_head"), None, "gqa needs an integer number of key/value heads")
+        check_int(self.key("n_kv_head"), self.n_kv_head)
 
 
-class GroupedQueryAttention(nn.Module):
+@register("attention", "gqa")
+class GroupedQueryAttention(Attention):
+    Options = GQAOptions
+
+    @classmethod
+    def n_kv_head(cls, cfg):
+        n = getattr(cfg.attention, "n_kv_head", None)
+        return cfg.n_head if n is None else n
+
+    @classmethod
+    def validate(cls, cfg):
+        if cfg.n_head % cfg.n_kv_head:
+            fail("attention.n_kv_head", cfg.n_kv_head, f"must divide n_head={cfg.n_head} (choose a divisor)")
+
+    @classmethod
+    def linears(cls, cfg):
+        d, hs = cfg.n_embd, cfg.head_size
+        return [(d, (cfg.n_head + 2 * cfg.n_kv_head) * hs), (d, d)]  # c_attn (q, k, v fused), c_proj
+
+    @classmethod
+    def kv_numbers_per_token(cls, cfg):
+        return 2 * cfg.n_kv_head * cfg.head_size  # k and v of every kv head
+
     def __init__(self, cfg, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -38,7 +54,6 @@ class GroupedQueryAttention(nn.Module):
         # q, k, v projections fused into one matmul: (nh + 2 * nkv) * hs outputs (= 3C for MHA, as in GPT-2)
         self.c_attn = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.n_kv_head) * cfg.head_size, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.c_proj.residual = True  # scaled init: the residual stream sums 2L such outputs
         self.qk_norm = cfg.norm.qk_norm
         if self.qk_norm:
             self.q_norm = build_norm(cfg, cfg.head_size)

@@ -8,27 +8,113 @@ each query. Each head then scores [q_nope, q_rope] . [k_nope, k_rope] / sqrt(hs 
 
 With position=rope only the decoupled parts are rotated; with other position schemes they are ordinary extra
 key/query dimensions and position comes from the embedding (learned, sinusoidal) or the bias (alibi).
+latent_norm: true adds DeepSeek-V2/V3's RMSNorm on the latent before the up-projection (kv_a_layernorm there).
 """
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from modules.attention.gqa import sdpa
+from modules.attention.base import Attention, AttentionOptions, sdpa
 from modules.norms import build_norm
+from modules.options import check_bool, check_int, fail
 from modules.positions import apply_rotary
+from modules.registry import register
 
 
-class MultiHeadLatentAttention(nn.Module):
+@dataclass(frozen=True)
+class MLAOptions(AttentionOptions):
+    kv_latent_dim: int | None = None  # width d_c of the cached latent (None: n_embd // 2)
+    rope_dim: int | None = None       # width d_r of the decoupled key part shared by all heads (None: hs // 2)
+    latent_norm: bool = False         # RMSNorm (eps 1e-6, as DeepSeek) on the latent before the up-projection
+
+    def __post_init__(self):
+        if self.kv_latent_dim is not None:
+            check_int(self.key("kv_latent_dim"), self.kv_latent_dim)
+        if self.rope_dim is not None:
+            check_int(self.key("rope_dim"), self.rope_dim, lo=0)
+        check_bool(self.key("latent_norm"), self.latent_norm)
+
+
+class LatentRMSNorm(nn.Module):
+    """RMSNorm with DeepSeek's eps, independent of the model's norm choice (it is part of MLA, not a layer norm)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+
+
+@register("attention", "mla")
+class MultiHeadLatentAttention(Attention):
+    Options = MLAOptions
+
+    @classmethod
+    def latent_dim(cls, cfg) -> int:
+        d = cfg.attention.kv_latent_dim
+        return cfg.n_embd // 2 if d is None else d
+
+    @classmethod
+    def rope_dim(cls, cfg) -> int:
+        d = cfg.attention.rope_dim
+        return cfg.head_size // 2 if d is None else d
+
+    @classmethod
+    def validate(cls, cfg):
+        if cls.latent_dim(cfg) > cfg.n_embd:
+            fail("attention.kv_latent_dim", cls.latent_dim(cfg),
+                 f"expected an integer in [1, n_embd={cfg.n_embd}] (a latent wider than d compresses nothing)")
+
+    @classmethod
+    def rotary_dim(cls, cfg):
+        return cls.rope_dim(cfg)
+
+    @classmethod
+    def rotary_dim_source(cls, cfg):
+        return "attention.rope_dim", cls.rope_dim(cfg)
+
+    @classmethod
+    def linears(cls, cfg):
+        d, nh, hs, dc, dr = cfg.n_embd, cfg.n_head, cfg.head_size, cls.latent_dim(cfg), cls.rope_dim(cfg)
+        return [(d, nh * (hs + dr)),  # c_q: content + rotary query parts
+                (d, dc + dr),         # c_kv_down: latent + shared rotary key
+                (dc, 2 * nh * hs),    # c_kv_up: per-head keys and values
+                (d, d)]               # c_proj
+
+    @classmethod
+    def score_dims(cls, cfg):
+        return cfg.head_size + cls.rope_dim(cfg), cfg.head_size
+
+    @classmethod
+    def kv_numbers_per_token(cls, cfg):
+        return cls.latent_dim(cfg) + cls.rope_dim(cfg)  # the latent and the shared rotary key
+
+    @classmethod
+    def qk_norm_dims(cls, cfg):
+        if not cfg.norm.qk_norm:
+            return []
+        dr = cls.rope_dim(cfg)
+        return [cfg.head_size, cfg.head_size] + ([dr, dr] if dr else [])
+
+    @classmethod
+    def extra_params(cls, cfg) -> int:
+        return cls.latent_dim(cfg) if cfg.attention.latent_norm else 0
+
     def __init__(self, cfg, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head, self.head_size = cfg.n_head, cfg.head_size
-        self.d_c, self.d_r = cfg.kv_latent_dim, cfg.rope_dim
+        self.d_c, self.d_r = self.latent_dim(cfg), self.rope_dim(cfg)
         nh, hs = cfg.n_head, cfg.head_size
         self.c_q = nn.Linear(cfg.n_embd, nh * (hs + self.d_r), bias=cfg.bias)       # queries: content + rotary part
         self.c_kv_down = nn.Linear(cfg.n_embd, self.d_c + self.d_r, bias=cfg.bias)  # latent + shared rotary key
+        self.latent_norm = LatentRMSNorm(self.d_c) if cfg.attention.latent_norm else nn.Identity()
         self.c_kv_up = nn.Linear(self.d_c, 2 * nh * hs, bias=cfg.bias)             # latent -> per-head k, v
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.c_proj.residual = True
         self.qk_norm = cfg.norm.qk_norm
         if self.qk_norm:  # content and rotary parts are normalised separately (the rotary key is cached)
             self.q_norm, self.k_norm = build_norm(cfg, hs), build_norm(cfg, hs)
@@ -43,6 +129,7 @@ class MultiHeadLatentAttention(nn.Module):
         q = self.c_q(x).view(B, T, nh, hs + d_r).transpose(1, 2)  # (B, nh, T, hs + dr)
         q_nope, q_rope = q.split([hs, d_r], dim=-1)               # (B, nh, T, hs), (B, nh, T, dr)
         latent, k_rope = self.c_kv_down(x).split([d_c, d_r], dim=-1)  # (B, T, dc), (B, T, dr)
+        latent = self.latent_norm(latent)  # normalised once here, so the cache holds what c_kv_up reads
         k_rope = k_rope.unsqueeze(1)                              # (B, 1, T, dr): one rotary key for all heads
         if self.qk_norm:
             q_nope = self.q_norm(q_nope)

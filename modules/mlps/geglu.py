@@ -1,9 +1,18 @@
 """GEGLU (Shazeer 2020): SwiGLU with a GELU gate."""
 import torch.nn.functional as F
 
+from modules.mlps.base import GeluOptions
 from modules.mlps.swiglu import SwiGLUMLP
+from modules.registry import register
 
 
+@register("mlp", "geglu")
 class GeGLUMLP(SwiGLUMLP):
+    Options = GeluOptions
+
     def gate(self, g):
-        return F.gelu(g, approximate="tanh")
+        return F.gelu(g, approximate=self.approximate)
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.approximate = cfg.mlp.approximate

@@ -2,17 +2,23 @@
 import torch.nn.functional as F
 from torch import nn
 
+from modules.mlps.base import MLP, GeluOptions
+from modules.registry import register
 
-class GeluMLP(nn.Module):
+
+@register("mlp", "gelu")
+class GeluMLP(MLP):
+    Options = GeluOptions
+
     def __init__(self, cfg):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
-        self.c_proj.residual = True  # marks a residual-stream output projection for the scaled GPT-2 init
+        self.approximate = getattr(cfg.mlp, "approximate", "tanh")
         self.dropout = nn.Dropout(cfg.dropout)
 
     def activation(self, h):
-        return F.gelu(h, approximate="tanh")  # GPT-2's tanh approximation
+        return F.gelu(h, approximate=self.approximate)
 
     def forward(self, x):
         return self.dropout(self.c_proj(self.activation(self.c_fc(x))))  # (B, T, C) -> (B, T, H) -> (B, T, C)

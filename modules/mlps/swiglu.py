@@ -1,15 +1,18 @@
-"""SwiGLU (Shazeer 2020): silu(x W_gate) * (x W_up) -> W_down. Hidden ~ 8/3 d so the three matrices hold as
-many parameters as the two of the 4d GELU MLP (see GPTConfig.mlp_hidden)."""
+"""SwiGLU (Shazeer 2020): out = W_o (silu(x W_g) * x W_u); hidden ~ 8/3 d keeps the parameters and FLOPs of the
+4d GELU MLP (GatedMLP.default_hidden)."""
 import torch.nn.functional as F
 from torch import nn
 
+from modules.mlps.base import GatedMLP
+from modules.registry import register
 
-class SwiGLUMLP(nn.Module):
+
+@register("mlp", "swiglu")
+class SwiGLUMLP(GatedMLP):
     def __init__(self, cfg):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 2 * cfg.mlp_hidden, bias=cfg.bias)  # gate and up, fused
         self.c_proj = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
-        self.c_proj.residual = True
         self.dropout = nn.Dropout(cfg.dropout)
 
     def gate(self, g):

@@ -3,13 +3,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modules.norms.base import EpsNormOptions, Norm
+from modules.registry import register
 
-class LayerNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = False):
+
+@register("norm", "layernorm")
+class LayerNorm(Norm):
+    Options = EpsNormOptions
+
+    def __init__(self, dim: int, cfg):
         super().__init__()
-        self.eps = eps
+        self.eps = cfg.norm.eps
         self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if cfg.bias else None
+
+    @classmethod
+    def num_params(cls, cfg, dim):
+        return dim * (2 if cfg.bias else 1)
 
     def forward(self, x):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)

@@ -2,12 +2,22 @@
 import torch
 from torch import nn
 
+from modules.norms.base import EpsNormOptions, Norm
+from modules.registry import register
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = False):
+
+@register("norm", "rmsnorm")
+class RMSNorm(Norm):
+    Options = EpsNormOptions
+
+    def __init__(self, dim: int, cfg):
         super().__init__()
-        self.eps = eps
+        self.eps = cfg.norm.eps
         self.weight = nn.Parameter(torch.ones(dim))
+
+    @classmethod
+    def num_params(cls, cfg, dim):
+        return dim
 
     def forward(self, x):
         # statistics in fp32: under bf16 autocast the mean of squares of large activations loses precision

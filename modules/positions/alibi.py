@@ -4,6 +4,7 @@ import math
 import torch
 
 from modules.positions.base import Position
+from modules.registry import register
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
@@ -16,7 +17,10 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
+@register("position", "alibi")
 class ALiBiPosition(Position):
+    adds_attn_bias = True
+
     def __init__(self, cfg):
         super().__init__(cfg)
         self.register_buffer("slopes", alibi_slopes(cfg.n_head), persistent=False)

@@ -1,20 +1,57 @@
-"""How a position scheme plugs into the GPT: three hooks, each a no-op unless the scheme needs it.
+"""How a position scheme plugs into the GPT: three hooks, each a no-op unless the scheme needs it, plus the facts
+the rest of the library asks it (no code outside this folder compares position names).
 
 - `add_to_embedding(x, pos)`: absolute schemes (learned, sinusoidal) add a vector to the token embedding.
 - `rotary(pos)`: rotary schemes return (cos, sin) tables that attention applies to q and k (`apply_rotary`).
-- `attn_bias(pos_q, pos_k)`: relative-bias schemes (alibi) return a float bias added to the attention scores.
+- `attn_bias(pos_q, pos_k)`: relative-bias schemes (alibi, t5bias) return a float bias added to the scores;
+  such a scheme sets `adds_attn_bias = True` so the GPT builds a float mask for every call.
 
 `pos` are per-sample position ids (B, T) int64, so left-padded batches and KV-cache decoding see exactly the
 positions a prompt would see alone.
 """
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
+from modules.options import VariantOptions
+
+
+@dataclass(frozen=True)
+class PositionOptions(VariantOptions):
+    family = "position"
+
 
 class Position(nn.Module):
+    Options = PositionOptions
+    adds_attn_bias = False  # True: attn_bias returns a tensor, so the mask must be a float bias
+
     def __init__(self, cfg):
         super().__init__()
 
+    # ---- facts, asked by config validation and accounting (cfg is a GPTConfig) ----
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """Checks that involve the rest of the model (e.g. rope needs an even rotary width)."""
+
+    @classmethod
+    def num_params(cls, cfg) -> int:
+        """Parameters this scheme owns (once per model, shared by all layers)."""
+        return 0
+
+    @classmethod
+    def embedding_params(cls, cfg) -> int:
+        """The part of num_params that is an embedding table (excluded from `params_non_embedding`)."""
+        return 0
+
+    @classmethod
+    def max_positions(cls, cfg) -> int | None:
+        """The largest number of positions the scheme can represent (None: unbounded)."""
+        return None
+
+    # ---- hooks ----
     def add_to_embedding(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
 

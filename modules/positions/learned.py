@@ -3,13 +3,25 @@ import torch
 from torch import nn
 
 from modules.positions.base import Position
+from modules.registry import register
 
 
+@register("position", "learned")
 class LearnedPosition(Position):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.block_size = cfg.block_size
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+
+    @classmethod
+    def num_params(cls, cfg):
+        return cfg.block_size * cfg.n_embd
+
+    embedding_params = num_params
+
+    @classmethod
+    def max_positions(cls, cfg):
+        return cfg.block_size
 
     def add_to_embedding(self, x, pos):
         # The table has no row for position >= block_size. Clamping would silently reuse the last row, so refuse;

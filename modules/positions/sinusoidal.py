@@ -4,6 +4,7 @@ import math
 import torch
 
 from modules.positions.base import Position
+from modules.registry import register
 
 
 # Each sin/cos pair has RMS 1/sqrt(2) per dimension, while GPT-2-initialised token embeddings have std 0.02: added
@@ -13,6 +14,7 @@ from modules.positions.base import Position
 PE_SCALE = 0.02 * 2**0.5
 
 
+@register("position", "sinusoidal")
 class SinusoidalPosition(Position):
     def __init__(self, cfg):
         super().__init__(cfg)

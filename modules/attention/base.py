@@ -1,0 +1,91 @@
+"""What every attention variant shares: SDPA with the GPT's mask convention, and the facts the rest of the library
+asks of a variant instead of comparing names (config validation, accounting, the cache, the mask, rope's width)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modules.options import VariantOptions
+
+
+@dataclass(frozen=True)
+class AttentionOptions(VariantOptions):
+    family = "attention"
+
+
+class Attention(nn.Module):
+    Options = AttentionOptions
+    # Linears whose output is added to the residual stream: GPT-2's init scales them by 1/sqrt(2 n_layer).
+    # The GPT looks each one up by name when it initialises, so a variant that names them differently must say so.
+    residual_projections = ("c_proj",)
+
+    # ---- facts (cfg is a GPTConfig) ----
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """Checks that involve the rest of the model (e.g. n_kv_head must divide n_head)."""
+
+    @classmethod
+    def n_kv_head(cls, cfg) -> int:
+        return cfg.n_head
+
+    @classmethod
+    def window(cls, cfg) -> int | None:
+        """Each query sees at most this many keys (itself included); None: the whole causal past."""
+        return None
+
+    @classmethod
+    def rotary_dim(cls, cfg) -> int:
+        """The width of q and k that rope rotates (per head)."""
+        return cfg.head_size
+
+    @classmethod
+    def rotary_dim_source(cls, cfg) -> tuple[str, object]:
+        """The config key (and its value) that sets rotary_dim, for error messages."""
+        return "n_embd", cfg.n_embd
+
+    @classmethod
+    def linears(cls, cfg) -> list[tuple[int, int]]:
+        """(in, out) of every Linear of one layer's attention (biases follow cfg.bias)."""
+        raise NotImplementedError
+
+    @classmethod
+    def score_dims(cls, cfg) -> tuple[int, int]:
+        """(d_qk, d_v): widths of the per-head score (q.k) and value products, for the attention FLOPs."""
+        return cfg.head_size, cfg.head_size
+
+    @classmethod
+    def kv_numbers_per_token(cls, cfg) -> int:
+        """Numbers one layer's KV cache holds per token."""
+        raise NotImplementedError
+
+    @classmethod
+    def extra_params(cls, cfg) -> int:
+        """Parameters outside the Linears and the qk norms (e.g. MLA's latent norm)."""
+        return 0
+
+    @classmethod
+    def qk_norm_dims(cls, cfg) -> list[int]:
+        """Widths of the norms this attention builds when norm.qk_norm is on."""
+        return [cfg.head_size, cfg.head_size] if cfg.norm.qk_norm else []
+
+
+def sdpa(q, k, v, mask, dropout_p: float):
+    """F.scaled_dot_product_attention with our mask convention: None means plain causal (no cache, no padding,
+    no window, no bias), otherwise a bool mask (True = may attend) or a float bias with -inf where masked.
+    Every query row has at least one visible key (the GPT guarantees it), so the softmax never sees 0/0."""
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        # PyTorch's CPU flash-attention kernel runs many small per-block GEMMs; in bf16 each goes through oneDNN
+        # with a high per-call cost, so it is 2-3x slower than in fp32: training fwd+bwd at short contexts and
+        # small heads (small-cpu: 62 of 160 ms per bf16 step) and decoding alike (gpt2-124m, 1000 cached tokens:
+        # 17 ms per token in bf16, 5 ms after casting the cache to fp32). Attention is a small share of the
+        # FLOPs, so compute it in fp32 (more accurate too) and cast the output back.
+        with torch.autocast("cpu", enabled=False):
+            return sdpa(q.float(), k.float(), v.float(), mask, dropout_p).to(q.dtype)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+    if mask.is_floating_point():
+        mask = mask.to(q.dtype)  # SDPA wants a float mask in the query dtype (bf16 under autocast)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)

@@ -1,0 +1,64 @@
+"""What every MLP shares: the hidden width option and the facts accounting asks of it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from modules.options import VariantOptions, check_choice, check_int
+
+
+@dataclass(frozen=True)
+class MLPOptions(VariantOptions):
+    hidden: int | None = None  # None: the variant's default width (default_hidden)
+
+    family = "mlp"
+
+    def __post_init__(self):
+        if self.hidden is not None:
+            check_int(self.key("hidden"), self.hidden)
+
+
+@dataclass(frozen=True)
+class GeluOptions(MLPOptions):
+    approximate: str = "tanh"  # tanh: GPT-2's approximation; none: the exact erf form (BERT, MPT)
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.key("approximate"), self.approximate, ("tanh", "none"))
+
+
+class MLP(nn.Module):
+    Options = MLPOptions
+    # Linears whose output is added to the residual stream: GPT-2's init scales them by 1/sqrt(2 n_layer).
+    # The GPT looks each one up by name when it initialises, so a variant that names them differently must say so.
+    residual_projections = ("c_proj",)
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """Checks that involve the rest of the model."""
+
+    @classmethod
+    def default_hidden(cls, cfg) -> int:
+        return 4 * cfg.n_embd
+
+    @classmethod
+    def linears(cls, cfg) -> list[tuple[int, int]]:
+        """(in, out) of every Linear, for parameter and FLOP counts (biases follow cfg.bias)."""
+        h = cfg.mlp_hidden
+        return [(cfg.n_embd, h), (h, cfg.n_embd)]  # c_fc, c_proj
+
+
+class GatedMLP(MLP):
+    """out = c_proj(gate(x W_g) * (x W_u)), with W_g and W_u fused into one c_fc (gate first, then up)."""
+
+    @classmethod
+    def default_hidden(cls, cfg) -> int:
+        # Three d x h matrices instead of two, so h = 2/3 * 4d keeps the parameter count (and FLOPs) of the 4d
+        # MLP; rounded to a multiple of 8 for friendlier matmul shapes.
+        return max(8, 8 * round(8 * cfg.n_embd / 3 / 8))
+
+    @classmethod
+    def linears(cls, cfg):
+        h = cfg.mlp_hidden
+        return [(cfg.n_embd, 2 * h), (h, cfg.n_embd)]  # c_fc (gate + up), c_proj
