@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ConfigError, DataError
+from .errors import AblationsError, ConfigError, DataError
 from .tokenizers import CharTokenizer, Tokenizer, build_tokenizer, tokenizer_from_identity
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def _download(url: str, dest: Path, sha256: str) -> None:
     try:
         with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 - fixed https URL from the config
             data = r.read()
-    except Exception as e:
+    except OSError as e:  # URLError, timeouts, resets: all OSError
         raise DataError(
             f"could not download {url} ({type(e).__name__}: {e}): offline, point data.path= (or "
             f"ABLATIONS_SHAKESPEARE_PATH) at a local copy of tinyshakespeare") from None
@@ -216,7 +216,7 @@ def prepare_data(data_cfg, tokenizer_name: str) -> TokenData:
             td = TokenData(cache / meta["file"], meta["dtype"], meta["n_train"], meta["n_val"], meta["val_bytes"], fp, tok)
             if td.path.is_file() and td.path.stat().st_size == (td.n_train + td.n_val) * np.dtype(td.dtype).itemsize:
                 return td
-        except Exception as e:  # stale / foreign cache entry: rebuild it
+        except (OSError, ValueError, KeyError, TypeError, AblationsError) as e:  # stale / foreign entry: rebuild
             log.warning("token cache %s unusable (%s); rebuilding", meta_path, e)
     train, val = split_docs(docs, val_fraction)
     if not val or not train:

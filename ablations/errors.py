@@ -1,12 +1,11 @@
-"""Exception types of the harness. Every message is one line naming the bad value and the fix."""
+"""Exception types of the harness. Every message is one line naming the bad value and the fix.
 
+The base classes live in `modules.errors` (the lowest layer): every package's user-facing errors derive from
+`AblationsError`, so one `isinstance` check recognises them all."""
+from modules.errors import AblationsError, ConfigError
 
-class AblationsError(Exception):
-    """Base class: a user-facing error (the CLI prints it as one line and exits non-zero)."""
-
-
-class ConfigError(AblationsError, ValueError):
-    """A bad configuration value (names the key, the value and the fix)."""
+__all__ = ["AblationsError", "ConfigError", "DataError", "TokenizerError", "TrackingError", "CheckpointError",
+           "DivergenceError"]
 
 
 class DataError(AblationsError):
@@ -27,3 +26,8 @@ class CheckpointError(AblationsError):
 
 class DivergenceError(AblationsError, FloatingPointError):
     """The training loss became NaN or infinite."""
+
+
+def exit_code(e: AblationsError) -> int:
+    """The CLI's exit status for a user-facing error: 3 for a diverged loss, 2 for bad input."""
+    return 3 if isinstance(e, DivergenceError) else 2

@@ -53,6 +53,8 @@ def parse_args(argv: list[str]) -> dict:
 
 def load_run(run_id: str, uri: str, tokenizer_name: str | None = None):
     """-> (model, tokenizer, checkpoint dict) of an MLflow run, refusing a tokenizer mismatch."""
+    from mlflow.exceptions import MlflowException
+
     from modules.gpt import GPT
 
     from .errors import CheckpointError, TokenizerError
@@ -66,7 +68,7 @@ def load_run(run_id: str, uri: str, tokenizer_name: str | None = None):
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = cl.download_artifacts(run_id, "checkpoints/final.ckpt", tmp)
-        except Exception:  # noqa: BLE001
+        except (MlflowException, OSError):  # no such artifact
             raise CheckpointError(f"run {run_id} has no checkpoints/final.ckpt artifact (status "
                                   f"{run.info.status}): only finished runs can be sampled") from None
         ck = load_final_checkpoint(path)
@@ -85,7 +87,7 @@ def load_run(run_id: str, uri: str, tokenizer_name: str | None = None):
     try:
         model = GPT(**ck["model_config"])
         model.load_state_dict(ck["state_dict"])
-    except Exception as e:  # noqa: BLE001
+    except (RuntimeError, ValueError, TypeError) as e:  # shape/key mismatch, an invalid or unknown config field
         raise CheckpointError(f"run {run_id}: the checkpoint does not load into modules.gpt.GPT "
                               f"({str(e).splitlines()[0][:160]})") from None
     return model.eval(), tok, ck

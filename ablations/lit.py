@@ -5,6 +5,7 @@ import atexit
 import logging
 import math
 import os
+import pickle
 import time
 from pathlib import Path
 
@@ -68,15 +69,6 @@ def lr_lambda(warmup_steps: int, max_steps: int, lr: float, min_lr: float):
     return f
 
 
-def _fault():
-    """Test hook: ABLATIONS_FAULT=nan@STEP (loss becomes NaN) or kill@STEP (the process dies, like kill -9)."""
-    spec = os.environ.get("ABLATIONS_FAULT", "")
-    if "@" not in spec:
-        return None, -1
-    kind, step = spec.split("@", 1)
-    return kind, int(step)
-
-
 def _destroy_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -92,9 +84,10 @@ class LitGPT(pl.LightningModule):
         self.grad_norm: float | None = None
         self._loss_sum = None
         self._loss_n = 0
-        self._fault_kind, self._fault_step = _fault()
         self.compile_model = False
         self._compiled = None
+        # set by train(): where a ddp_spawn worker leaves its harness error for the parent (see _relay)
+        self.error_relay: str | None = None
 
     def __getstate__(self):  # ddp_spawn pickles the module: compile in the worker
         d = super().__getstate__()
@@ -125,17 +118,24 @@ class LitGPT(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss = self._loss(batch)
-        if self._fault_kind == "nan" and self.global_step >= self._fault_step:
-            loss = loss * float("nan")
         # on CUDA a host sync every step would cost throughput: check every 10 steps (NaN weights stay NaN)
         if (self.device.type != "cuda" or self.global_step % 10 == 0) and not torch.isfinite(loss):
-            raise DivergenceError(
+            raise self._relay(DivergenceError(
                 f"training loss is {loss.item()} at step {self.global_step} (optim.lr={self.optim.get('lr')}): "
-                f"lower optim.lr, raise optim.warmup_steps or keep trainer.gradient_clip_val")
+                f"lower optim.lr, raise optim.warmup_steps or keep trainer.gradient_clip_val"))
         d = loss.detach()
         self._loss_sum = d if self._loss_sum is None else self._loss_sum + d
         self._loss_n += 1
         return loss
+
+    def _relay(self, err: Exception) -> Exception:
+        """Pickle `err` where the parent of a ddp_spawn worker finds it: the parent only gets the traceback text."""
+        if self.error_relay:
+            tmp = f"{self.error_relay}.{os.getpid()}"
+            with open(tmp, "wb") as f:
+                pickle.dump(err, f)
+            os.replace(tmp, self.error_relay)
+        return err
 
     def pop_train_loss(self) -> float | None:
         if not self._loss_n:
@@ -178,10 +178,6 @@ class LitGPT(pl.LightningModule):
             self.grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else None
             if gradient_clip_val:
                 torch.nn.utils.clip_grad_value_(params, float(gradient_clip_val))
-
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        if self._fault_kind == "kill" and self.global_step >= self._fault_step:
-            os._exit(137)
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["ablations"] = dict(self.ckpt_meta, step=int(self.global_step))

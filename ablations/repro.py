@@ -49,10 +49,10 @@ def cpu_model() -> str:
 
 def _version(mod: str) -> str:
     try:
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
         return version(mod)
-    except Exception:  # noqa: BLE001
+    except PackageNotFoundError:
         return "unknown"
 
 
@@ -84,7 +84,7 @@ def environment_tags(accelerator: str) -> dict[str, str]:
 def _cpu_capability() -> str:
     try:
         return str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # noqa: BLE001
+    except (AttributeError, RuntimeError):  # an older torch, or a build without the query
         return "unknown"
 
 

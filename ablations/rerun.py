@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import AblationsError, ConfigError
+from .errors import AblationsError, ConfigError, exit_code
 
 USAGE = ("usage: python -m ablations.rerun run_id=<MLflow run id> [--check] [tracking.uri=URI] "
          "[key=value ...] (dotted keys of the run's recorded config, e.g. seed=1 trainer.max_steps=50)")
@@ -54,13 +54,15 @@ def parse_args(argv: list[str]) -> tuple[str, list[str], bool, str | None]:
 
 def fetch_config(cl, run_id: str, uri: str) -> tuple[DictConfig, object]:
     """-> (the run's recorded config, the MLflow run)."""
+    from mlflow.exceptions import MlflowException
+
     from .tracking import get_run
 
     run = get_run(cl, run_id, uri)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = cl.download_artifacts(run_id, "config.yaml", tmp)
-        except Exception:  # noqa: BLE001
+        except (MlflowException, OSError):  # no such artifact (the store raises one or the other)
             raise ConfigError(f"run {run_id} has no config.yaml artifact (status {run.info.status}; runs recorded "
                               f"before the config was logged at start only have it once FINISHED)") from None
         cfg = OmegaConf.load(path)
@@ -212,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         r = rerun(run_id, overrides, uri)
     except AblationsError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return 3 if type(e).__name__ == "DivergenceError" else 2
+        return exit_code(e)
     print(summary(r, overrides), flush=True)
     return 1 if check and not r["comparison"]["identical"] else 0
 

@@ -19,13 +19,10 @@ _FAILED: list[int] = []  # exit codes of failed jobs of a multirun (the basic la
 
 
 def _is_multirun() -> bool:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-        return HydraConfig.get().mode == RunMode.MULTIRUN
-    except Exception:  # noqa: BLE001
-        return False
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _ui_hint(uri: str) -> str:
@@ -36,7 +33,7 @@ def _ui_hint(uri: str) -> str:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from .errors import AblationsError
+    from .errors import AblationsError, exit_code
     from .tracking import tracking_uri
     from .train import train
 
@@ -46,7 +43,7 @@ def main(cfg: DictConfig) -> float | None:
     except AblationsError as e:
         # one clear line; the MLflow run (if any) is already marked FAILED
         print(f"error: {e}", file=sys.stderr, flush=True)
-        code = 3 if type(e).__name__ == "DivergenceError" else 2
+        code = exit_code(e)
         if _is_multirun():  # let the other jobs of the sweep run; exit non-zero at the end
             _FAILED.append(code)
             return None

@@ -172,7 +172,7 @@ def load_tiktoken_gpt2():
     missing = [u for u in GPT2_URLS if not (cache / hashlib.sha1(u.encode()).hexdigest()).is_file()]
     try:
         return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # offline: requests' ConnectionError, or a corrupt cache file
+    except (OSError, ValueError) as e:  # offline: requests' ConnectionError (an OSError), or a corrupt cache file
         detail = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
         raise TokenizerError(
             f"tokenizer=gpt2: tiktoken could not load the GPT-2 BPE files ({len(missing)} of 2 missing from "

@@ -87,9 +87,11 @@ def get_or_create_experiment(cl, uri: str, name: str) -> str:
     if uri.startswith("sqlite:///"):  # keep artifacts beside the database, whatever the working directory
         db = Path(uri.split(":///", 1)[1]).expanduser().resolve()
         artifact_location = (db.parent / "mlartifacts").as_uri()
+    from mlflow.exceptions import MlflowException
+
     try:
         return cl.create_experiment(name, artifact_location=artifact_location)
-    except Exception:  # created concurrently by another worker
+    except MlflowException:  # created concurrently by another worker
         exp = cl.get_experiment_by_name(name)
         if exp is None:
             raise
@@ -156,20 +158,17 @@ def hydra_info(cfg: DictConfig) -> tuple[str | None, dict[str, str]]:
         overrides = list(OmegaConf.select(h, "overrides.task", default=[]) or [])
         choices = dict(OmegaConf.select(h, "runtime.choices", default={}) or {})
     else:
-        try:
-            from hydra.core.hydra_config import HydraConfig
-            from hydra.types import RunMode
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
 
-            if HydraConfig.initialized():
-                hc = HydraConfig.get()
-                overrides = list(hc.overrides.task)
-                choices = dict(hc.runtime.choices)
-                if hc.mode == RunMode.MULTIRUN:
-                    sweep_dir = str(Path(hc.sweep.dir).resolve())
-                    group = (f"{Path(hc.sweep.dir).as_posix().replace('/', '_')}-"
-                             f"{hashlib.sha1(sweep_dir.encode()).hexdigest()[:8]}")
-        except Exception:  # noqa: BLE001 - no Hydra context
-            pass
+        if HydraConfig.initialized():  # else: no Hydra context (a caller composed the config itself)
+            hc = HydraConfig.get()
+            overrides = list(hc.overrides.task)
+            choices = dict(hc.runtime.choices)
+            if hc.mode == RunMode.MULTIRUN:
+                sweep_dir = str(Path(hc.sweep.dir).resolve())
+                group = (f"{Path(hc.sweep.dir).as_posix().replace('/', '_')}-"
+                         f"{hashlib.sha1(sweep_dir.encode()).hexdigest()[:8]}")
     tags: dict[str, str] = {}
     for g in CHOICE_GROUPS:
         # the family groups carry their own name: exact even when the caller composed the config itself
@@ -190,6 +189,8 @@ def hydra_info(cfg: DictConfig) -> tuple[str | None, dict[str, str]]:
 
 def terminate(cl, run_id: str, status: str, reason: str | None = None, extra_tags: dict | None = None) -> None:
     """End a run (never leave it RUNNING), retrying briefly: SQLite may be locked by another worker."""
+    from mlflow.exceptions import MlflowException
+
     for attempt in range(5):
         try:
             if reason:
@@ -198,7 +199,7 @@ def terminate(cl, run_id: str, status: str, reason: str | None = None, extra_tag
                 cl.set_tag(run_id, k, v)
             cl.set_terminated(run_id, status=status)
             return
-        except Exception:  # noqa: BLE001
+        except MlflowException:  # e.g. SQLite locked by another worker
             if attempt == 4:
                 raise
             time.sleep(0.5 * (attempt + 1))
@@ -206,7 +207,9 @@ def terminate(cl, run_id: str, status: str, reason: str | None = None, extra_tag
 
 def get_run(cl, run_id: str, uri: str):
     """The MLflow run `run_id`, or a one-line TrackingError that names the id and the store searched."""
+    from mlflow.exceptions import MlflowException
+
     try:
         return cl.get_run(run_id)
-    except Exception:  # noqa: BLE001  (MLflow raises several types for a bad or unknown id)
+    except MlflowException:  # a bad or unknown id
         raise TrackingError(f"run_id={run_id} not found in {uri}: check the id, or pass tracking.uri=") from None

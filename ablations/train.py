@@ -9,7 +9,8 @@ import json
 import logging
 import math
 import os
-import re
+import pickle
+import shutil
 import tempfile
 import time
 import warnings
@@ -113,28 +114,23 @@ def _model_dict(cfg: DictConfig) -> dict:
     return d
 
 
-def _accounting(cfg_model: dict, model, inference_dtype) -> dict:
-    try:
-        from modules import accounting as acc
+def _accounting(cfg_model: dict, inference_dtype) -> dict:
+    from modules import accounting as acc
 
-        pc = acc.param_counts(cfg_model)
-        return {"params": int(pc["params"]), "params_non_embedding": int(pc["params_non_embedding"]),
-                "flops_per_token": int(acc.flops_per_token(cfg_model)),
-                "kv_cache_bytes_per_token": int(acc.kv_cache_bytes_per_token(cfg_model, dtype=inference_dtype))}
-    except Exception as e:  # noqa: BLE001 - fall back to the textbook 6N + attention estimate
-        log.warning("modules.accounting unavailable (%s); using 6N + 12*L*T*C", e)
-        c = model.config
-        n = sum(p.numel() for p in model.parameters())
-        ne = n - model.wte.weight.numel()
-        return {"params": n, "params_non_embedding": ne,
-                "flops_per_token": 6 * ne + 12 * c.n_layer * c.block_size * c.n_embd,
-                "kv_cache_bytes_per_token": 2 * c.n_layer * c.n_embd * torch.finfo(inference_dtype).bits // 8}
+    pc = acc.param_counts(cfg_model)
+    return {"params": int(pc["params"]), "params_non_embedding": int(pc["params_non_embedding"]),
+            "flops_per_token": int(acc.flops_per_token(cfg_model)),
+            "kv_cache_bytes_per_token": int(acc.kv_cache_bytes_per_token(cfg_model, dtype=inference_dtype))}
+
+
+# what torch.load raises for a truncated / corrupt file, not a torch file, or an unsafe pickle
+_BAD_CHECKPOINT = (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError)
 
 
 def _load_checkpoint(path: Path) -> dict:
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - truncated / corrupt / not a torch file / unsafe pickle
+    except _BAD_CHECKPOINT as e:
         raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint of this harness "
                               f"({_one_line(e)[:160]}): delete it, or start fresh with resume=null") from None
     if not isinstance(ck, dict) or "state_dict" not in ck or "ablations" not in ck:
@@ -221,23 +217,22 @@ def load_final_checkpoint(path) -> dict:
     """Load a `checkpoints/final.ckpt` artifact (weights_only) and check its format."""
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001
+    except _BAD_CHECKPOINT as e:
         raise CheckpointError(f"{path} is corrupt or not a checkpoint ({_one_line(e)[:160]})") from None
     if not isinstance(ck, dict) or ck.get("format") != FINAL_FORMAT:
         raise CheckpointError(f"{path} is not a final checkpoint of this harness (format {FINAL_FORMAT})")
     return ck
 
 
-def _unwrap_spawn_error(e: BaseException) -> BaseException:
-    """ddp_spawn re-raises a worker's exception as ProcessRaisedException: recover the harness error class."""
-    if type(e).__name__ != "ProcessRaisedException":
+def _unwrap_spawn_error(e: BaseException, relay: Path) -> BaseException:
+    """ddp_spawn re-raises a worker's exception as ProcessRaisedException (traceback text only): the worker that
+    raised a harness error pickled it to `relay` (LitGPT.error_relay), so the caller sees the real class."""
+    from torch.multiprocessing import ProcessRaisedException
+
+    if not isinstance(e, ProcessRaisedException) or not relay.is_file():
         return e
-    text = str(e)
-    for cls in (DivergenceError, CheckpointError, DataError, ConfigError, TokenizerError, TrackingError):
-        m = re.findall(rf"{cls.__name__}: (.*)", text)
-        if m:
-            return cls(m[-1].strip())
-    return e
+    with open(relay, "rb") as f:
+        return pickle.load(f)
 
 
 def _device_tags(accel: str) -> dict:
@@ -265,6 +260,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
     `tags` are added to the run; `tags["mlflow.runName"]` names it. `callbacks` are extra Lightning callbacks.
     """
     import lightning.pytorch as pl
+    from mlflow.exceptions import MlflowException
 
     from .lit import AtomicCheckpoint, LitGPT, resolve_accelerator, resolve_precision
     from .metrics import MetricsCallback, measure_peak_flops
@@ -311,7 +307,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
     precision, why = resolve_precision(cfg.trainer.get("precision", "auto"), accel)
     bf16 = precision.startswith("bf16")
     infer_dtype = torch.bfloat16 if bf16 else (torch.float16 if precision.startswith("16") else torch.float32)
-    acct = _accounting(model_dict, model, infer_dtype)
+    acct = _accounting(model_dict, infer_dtype)
     if cfg.tracking.get("peak_flops"):
         peak, peak_src = float(cfg.tracking.peak_flops), "configured"
     else:
@@ -376,7 +372,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
         cl = trk.client(uri)
         try:
             exp_id = trk.get_or_create_experiment(cl, uri, str(cfg.tracking.experiment))
-        except Exception as e:  # noqa: BLE001
+        except MlflowException as e:
             raise TrackingError(f"tracking.uri={uri}: cannot open experiment {cfg.tracking.experiment!r} "
                                 f"({_one_line(e)[:200]})") from None
         run_tags = {**hydra_tags, **trk.git_state()}
@@ -394,14 +390,12 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
             try:
                 r = cl.get_run(prev)
                 run_id = r.info.run_id if r.info.experiment_id == exp_id else None
-            except Exception:  # noqa: BLE001 - the run lives in another store: start a new one
+            except MlflowException:  # the run lives in another store: start a new one
                 run_id = None
         if run_id:
             cl.update_run(run_id, status="RUNNING")
-            try:
+            if "failure_reason" in cl.get_run(run_id).data.tags:
                 cl.delete_tag(run_id, "failure_reason")
-            except Exception:  # noqa: BLE001
-                pass
             cl.set_tag(run_id, "resumed_from_step", str(resume_meta.get("step")))
         else:
             run_id = cl.create_run(exp_id, run_name=run_name, tags=run_tags).info.run_id
@@ -425,13 +419,17 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
 
         # the training RNG stream (dropout) depends on the seed only, not on what ran since model init
         seed_all(derived_seed(int(cfg.seed), "fit"))
+        relay = Path(tempfile.mkdtemp(prefix="ablations-relay-")) / "error.pkl"
+        lit.error_relay = str(relay)
         try:
             trainer.fit(lit, datamodule=dm, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
-        except BaseException as e:  # noqa: BLE001
-            mapped = _unwrap_spawn_error(e)
+        except BaseException as e:  # noqa: BLE001 - re-raised, as the worker's own error where there is one
+            mapped = _unwrap_spawn_error(e, relay)
             if mapped is not e:
                 raise mapped from None
             raise
+        finally:
+            shutil.rmtree(relay.parent, ignore_errors=True)
         if trainer.interrupted:
             raise KeyboardInterrupt("training interrupted")
         if not is_main:
@@ -475,17 +473,20 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
         trk.terminate(cl, run_id, "FINISHED")
         return result
     except BaseException as e:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+        from optuna import TrialPruned
+
         if cl is not None and run_id is not None:
-            pruned = type(e).__name__ == "TrialPruned"
-            interrupted = isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "SIGTERMException"
+            pruned = isinstance(e, TrialPruned)
+            interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
             status = "KILLED" if pruned or interrupted else "FAILED"
             reason = None if pruned else (f"interrupted ({_one_line(e)})" if interrupted else _one_line(e))
             try:
                 trk.terminate(cl, run_id, status, reason=reason,
                               extra_tags={"pruned": "true"} if pruned else None)
-            except Exception as e2:  # noqa: BLE001
+            except MlflowException as e2:
                 log.error("could not mark MLflow run %s %s: %s", run_id, status, e2)
-        if type(e).__name__ == "SIGTERMException":  # Lightning's is a SystemExit with code 0: exit 128+SIGTERM
+        if isinstance(e, SIGTERMException):  # Lightning's is a SystemExit with code 0: exit 128+SIGTERM
             raise SystemExit(143) from e
         raise
 

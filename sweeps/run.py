@@ -45,13 +45,13 @@ def main(argv: list[str] | None = None, train_fn=None, conf_dir=None) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from sweeps.storage import StorageError
-    from sweeps.study import Sweep, SweepError
+    from modules.errors import AblationsError
+    from sweeps.study import Sweep
 
     try:
         kwargs = {"conf_dir": conf_dir} if conf_dir is not None else {}
         return Sweep(argv, train_fn=train_fn, **kwargs).run()
-    except (SweepError, StorageError) as e:
+    except AblationsError as e:  # SweepError, StorageError, SpaceError, and the harness's own
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import optuna
+
+from modules.errors import ConfigError
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
@@ -31,7 +33,7 @@ from optuna.distributions import (
 )
 
 
-class SpaceError(ValueError):
+class SpaceError(ConfigError):
     """The search space in a sweep YAML is malformed."""
 
 

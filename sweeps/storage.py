@@ -25,6 +25,9 @@ from typing import Any, Callable, Iterator
 import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+from modules.errors import AblationsError
 
 log = logging.getLogger("sweeps")
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -35,7 +38,7 @@ except ImportError:  # pragma: no cover - older Optuna
     from optuna.storages import RetryFailedTrialCallback as _RetryCallback
 
 
-class StorageError(RuntimeError):
+class StorageError(AblationsError, RuntimeError):
     """The storage URL is malformed or the database cannot be reached."""
 
 
@@ -135,7 +138,7 @@ def make_storage(
                 return RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
         except Exception as e:
             # Two workers creating Optuna's tables in a fresh database at once: the loser retries.
-            race = type(e).__name__ in ("IntegrityError", "ProgrammingError") and attempt < 2
+            race = isinstance(e, (IntegrityError, ProgrammingError)) and attempt < 2
             if not race:
                 raise StorageError(f"cannot open Optuna storage {shown}: {_first_line(e)}") from None
             time.sleep(1.0 + attempt)

@@ -27,8 +27,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import optuna
+import torch
+from hydra.errors import HydraException
+from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import FrozenTrial, TrialState
+
+from modules.errors import AblationsError
 
 from sweeps.space import SearchSpace, SpaceError, format_value, to_overrides
 from sweeps.storage import (
@@ -58,7 +64,7 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 TrainFn = Callable[..., Mapping[str, Any]]
 
 
-class SweepError(Exception):
+class SweepError(AblationsError):
     """A user-facing error: the CLI prints it as one line and exits non-zero."""
 
 
@@ -74,7 +80,7 @@ def _parse_overrides(overrides: list[str]):
 
     try:
         return OverridesParser.create().parse_overrides(overrides)
-    except Exception as e:  # hydra's OverrideParseException
+    except HydraException as e:  # OverrideParseException
         raise SweepError(f"bad override: {str(e).strip().splitlines()[0]}") from None
 
 
@@ -280,19 +286,15 @@ class MlflowLinks:
             from ablations.tracking import check_reachable
 
             check_reachable(self.uri)
-        except ImportError:
-            pass
-        except Exception as e:
-            raise SweepError(_short(e).split(": ", 1)[-1]) from None
+        except AblationsError as e:  # ablations' TrackingError
+            raise SweepError(str(e)) from None
         try:
             self.client.search_experiments(max_results=1)
             if self.experiment and self.client.get_experiment_by_name(self.experiment) is None:
                 from ablations.tracking import get_or_create_experiment
 
                 get_or_create_experiment(self.client, self.uri, self.experiment)
-        except SweepError:
-            raise
-        except Exception as e:
+        except MlflowException as e:
             raise SweepError(f"MLflow tracking store {mask_url(self.uri)} cannot be used: {_short(e)}") from None
 
     def find_run(self, study_name: str, number: int) -> str | None:
@@ -433,7 +435,7 @@ class Sweep:
         with initialize_config_dir(config_dir=str(self.conf_dir), version_base="1.3", job_name="sweep"):
             try:
                 root = self.compose(self.user_overrides)
-            except Exception as e:
+            except (HydraException, OmegaConfBaseException) as e:
                 raise SweepError(f"config error: {_short(e)}") from None
             sweep_cfg = OmegaConf.to_container(root.sweep, resolve=True) if root.get("sweep") else None
             if not sweep_cfg:
@@ -469,7 +471,7 @@ class Sweep:
         # A config check before touching the storage: the base config must compose and validate.
         try:
             probe = self.compose(base)
-        except Exception as e:
+        except (HydraException, OmegaConfBaseException) as e:
             raise SweepError(f"config error: {_short(e)}") from None
         self.uri = tracking_uri(probe)
         self.mlflow = MlflowLinks(self.uri, OmegaConf.select(probe, "tracking.experiment", default=None))
@@ -608,7 +610,7 @@ class Sweep:
         self._say(f"trial {number} start{f' (retry of {retry_of})' if retry_of is not None else ''}: {shown}")
         try:
             cfg = self.compose_trial(overrides)
-        except Exception as e:
+        except (HydraException, OmegaConfBaseException) as e:
             return self._fail(study, trial, f"config error: {_short(e)}")
         try:
             self.validate_model(cfg)
@@ -654,7 +656,8 @@ class Sweep:
             self._link_run(study, trial, run_ids)
             self._fail(study, trial, "interrupted (KeyboardInterrupt)")
             raise
-        except Exception as e:  # DivergenceError, OOM, data/config errors: FAIL and keep going
+        except (AblationsError, torch.OutOfMemoryError, MemoryError) as e:  # diverged, OOM, bad data/config: FAIL
+            # and keep going. Anything else is a bug: the outer loop fails the trial and stops with its traceback.
             return self._fail(study, trial, _short(e), run_ids)
         finally:
             _free_memory()

@@ -11,8 +11,7 @@ from ablations.train import config_hash, train
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
-class TrialPruned(Exception):
-    """Same class name as optuna.TrialPruned: train() must end the run as KILLED."""
+from optuna import TrialPruned  # noqa: E402 - train() recognises it (isinstance) and ends the run as KILLED
 
 
 class PruneAt(pl.Callback):
@@ -46,7 +45,6 @@ def runs(tmp: Path):
 @pytest.fixture(autouse=True)
 def _no_env_uri(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("ABLATIONS_FAULT", raising=False)
 
 
 def test_unreachable_tracking_uri_fails_before_anything(tmp_path, shakespeare_path):
@@ -109,3 +107,18 @@ def test_bad_values_fail_before_any_run(tmp_path, shakespeare_path, override, ma
     with pytest.raises(ConfigError, match=match):
         train(cfg_for(tmp_path, shakespeare_path, override))
     assert runs(tmp_path) == [] and not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["trainer=ddp"]], ids=["one-process", "ddp_spawn"])
+def test_nan_loss_raises_divergence_error_and_fails_the_run(tmp_path, shakespeare_path, extra):
+    """A NaN loss is a DivergenceError (recognised with isinstance), also when a ddp_spawn worker raises it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ablations.errors import DivergenceError
+    from faults import NanAt
+
+    with pytest.raises(DivergenceError, match=r"training loss is nan at step 2 .*optim.lr"):
+        train(cfg_for(tmp_path, shakespeare_path, *extra, "checkpoint.every_n_steps=100"), callbacks=[NanAt(2)])
+    (run,) = runs(tmp_path)
+    assert run.info.status == "FAILED" and run.data.tags["failure_reason"].startswith("DivergenceError: training loss")

@@ -1,0 +1,42 @@
+"""Fault injection for the harness tests: Lightning callbacks a test passes to `ablations.train.train`.
+
+    train(cfg, callbacks=[KillAt(7)])      # the process dies after optimizer step 7, like kill -9
+    train(cfg, callbacks=[NanAt(3)])       # the weights become NaN before step 3: the loss is NaN from there
+
+For a test that runs the command line, `python -m tests.fault_run kill@7 [overrides]` is `python -m ablations.run`
+with such a callback (the product has no fault hook of its own)."""
+from __future__ import annotations
+
+import os
+
+import lightning.pytorch as pl
+import torch
+
+
+class KillAt(pl.Callback):
+    """After optimizer step `step`: exit at once with status 137, skipping every clean-up (like SIGKILL)."""
+
+    def __init__(self, step: int):
+        self.step = int(step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            os._exit(137)
+
+
+class NanAt(pl.Callback):
+    """Before the batch of optimizer step `step`: fill one weight with NaN, so the loss is NaN from then on."""
+
+    def __init__(self, step: int):
+        self.step = int(step)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(float("nan"))
+
+
+def from_spec(spec: str) -> pl.Callback:
+    """`kill@7` -> KillAt(7), `nan@3` -> NanAt(3)."""
+    kind, step = spec.split("@", 1)
+    return {"kill": KillAt, "nan": NanAt}[kind](int(step))
