@@ -152,7 +152,7 @@ def test_notebooks_are_stripped():
 # ------------------------------------------------------------------ synthetic store
 @pytest.fixture(scope="module")
 def synthetic_store(tmp_path_factory):
-    from analysis.synthetic import make_store
+    from synthetic_store import make_store
 
     d = tmp_path_factory.mktemp("synthetic_store")
     uri = f"sqlite:///{d / 'mlflow.db'}"

@@ -30,7 +30,7 @@ def tiny_args(shakespeare_path, **extra):
 
 
 def run_cli(cwd: Path, args, env_extra=None, module="ablations.run", timeout=300):
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "ABLATIONS_FAULT")}
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update({"ABLATIONS_CACHE_DIR": str(cwd.parent / "token-cache"), "HYDRA_FULL_ERROR": "0",
                 "PYTHONPATH": str(REPO)}, **(env_extra or {}))
     cwd.mkdir(parents=True, exist_ok=True)
@@ -146,7 +146,8 @@ def test_multirun_two_choices_two_grouped_runs(tmp_path, shakespeare_path):
 def test_kill_and_resume_is_one_continuous_run(tmp_path, shakespeare_path):
     cwd = tmp_path / "resume"
     args = tiny_args(shakespeare_path, **{"tracking.uri": f"sqlite:///{cwd}/mlflow.db"})
-    r1 = run_cli(cwd, args, {"ABLATIONS_FAULT": "kill@7"})  # dies like kill -9 after step 7 (checkpoint at 5)
+    # dies like kill -9 after step 7 (checkpoint at 5): ablations.run with the KillAt callback of tests/faults.py
+    r1 = run_cli(cwd, ["kill@7", *args], module="tests.fault_run")
     assert r1.returncode == 137, r1.stderr[-2000:]
     c, runs = runs_of(cwd)
     assert len(runs) == 1 and runs[0].info.status == "RUNNING"  # a killed process cannot clean up

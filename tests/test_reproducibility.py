@@ -52,7 +52,7 @@ def runs(tmp_path_factory, shakespeare_path):
     db = tmp / "mlflow.db"
     cache = str(tmp / "token-cache")
     os.environ["ABLATIONS_CACHE_DIR"] = cache  # same token cache for the subprocess and this process
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "ABLATIONS_FAULT")}
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update(PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")  # tiny models: 1 thread is fastest
     r = subprocess.run([sys.executable, "-m", "ablations.run", *overrides(shakespeare_path, db)], cwd=tmp, env=env,
                        capture_output=True, text=True, timeout=300)

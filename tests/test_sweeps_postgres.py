@@ -17,12 +17,12 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from sweeps.storage import normalize_url, retried_numbers
-from sweeps.testing import ci, fresh_database, postgres_server, start_worker, tiny_overrides, wait_for, worker_env
+from sweeps_testing import ci, fresh_database, postgres_server, start_worker, tiny_overrides, wait_for, worker_env
 
 
 @pytest.fixture(scope="module")
 def pg_server():
-    from sweeps.pgtest import PostgresUnavailable
+    from pgtest import PostgresUnavailable
 
     gen = postgres_server()
     try:

@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from sweeps.run import main
-from sweeps.testing import REPO, free_port, get_json, tiny_overrides, wait_for
+from sweeps_testing import REPO, free_port, get_json, tiny_overrides, wait_for
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A throwaway PostgreSQL server for tests and local experiments (Debian's ``postgresql`` package).
 
-    python -m sweeps.pgtest start [DIR]   # initdb + start on 127.0.0.1, a free port; prints the URL
-    python -m sweeps.pgtest stop DIR
+    python tests/pgtest.py start [DIR]   # initdb + start on 127.0.0.1, a free port; prints the URL
+    python tests/pgtest.py stop DIR
 
 The cluster lives in DIR (default: a new temp dir), listens on 127.0.0.1 only, trusts local connections and
 runs with fsync off: for tests only. Run as root, it initialises and runs the server as the ``postgres`` user.
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] == "start":
             c = start(argv[1] if len(argv) > 1 else None)
             print(c.url())
-            print(f"# stop with: python -m sweeps.pgtest stop {c.datadir.parent}", file=sys.stderr)
+            print(f"# stop with: python tests/pgtest.py stop {c.datadir.parent}", file=sys.stderr)
         else:
             root = Path(argv[1])
             Cluster(datadir=root / "data", port=0, bindir=find_bindir()).stop()

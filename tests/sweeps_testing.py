@@ -33,12 +33,12 @@ def ci() -> bool:
 def postgres_server() -> Iterator[str]:
     """Yield a server URL: $ABLATIONS_TEST_POSTGRES_URL, else a throwaway cluster started here (stopped after).
 
-    Raises :class:`sweeps.pgtest.PostgresUnavailable` when neither works."""
+    Raises :class:`pgtest.PostgresUnavailable` when neither works."""
     url = os.environ.get("ABLATIONS_TEST_POSTGRES_URL")
     if url:
         yield url
         return
-    from sweeps import pgtest
+    import pgtest
 
     cluster = pgtest.start()
     try:
@@ -49,7 +49,7 @@ def postgres_server() -> Iterator[str]:
 
 
 def fresh_database(server_url: str) -> str:
-    from sweeps.pgtest import create_database
+    from pgtest import create_database
 
     return create_database(server_url, f"sweeps_test_{uuid.uuid4().hex[:10]}")
 
@@ -70,7 +70,7 @@ def start_worker(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> 
 
 
 def free_port() -> int:
-    from sweeps.pgtest import free_port as fp
+    from pgtest import free_port as fp
 
     return fp()
 

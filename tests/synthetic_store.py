@@ -1,6 +1,6 @@
 """A synthetic MLflow store with the contract's names, for tests and demos of the report (no training needed).
 
-    python -m analysis.synthetic sqlite:////tmp/demo/mlflow.db   # then: python -m analysis.report synthetic \
+    python tests/synthetic_store.py sqlite:////tmp/demo/mlflow.db   # then: python -m analysis.report synthetic \
                                                                  #   --tracking-uri sqlite:////tmp/demo/mlflow.db
 
 Four attention variants x two seeds, finished, plus runs that must be left out of results: a FAILED run, a RUNNING
@@ -120,6 +120,6 @@ def make_store(uri: str, experiment: str = "synthetic", with_bad_runs: bool = Tr
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m analysis.synthetic TRACKING_URI")
+        sys.exit("usage: python tests/synthetic_store.py TRACKING_URI")
     made = make_store(sys.argv[1])
     print(f"made {len(made)} synthetic runs in experiment 'synthetic' at {sys.argv[1]}")
