@@ -186,3 +186,31 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     with matplotlib.rc_context({"svg.hashsalt": "analysis", "svg.fonttype": "path"}):
         fig.savefig(path, format=fmt, metadata=metadata)
     return path
+
+
+def scaling_figure(points: pd.DataFrame, fits: dict, styles: dict, metric: str = "final_val_loss",
+                   labels: dict | None = None) -> Figure:
+    """Final loss against training compute on log-log axes: one dot per run, the fitted L(C) = E + A C^-alpha of
+    each arm that has one (`fits`: arm -> analysis.scaling.ScalingFit) as a line over the compute it covers."""
+    fig = Figure(figsize=(8.5, 5.0), dpi=110, layout="constrained")
+    ax = fig.subplots()
+    for arm, style in styles.items():
+        part = points[points["arm"] == arm]
+        if not len(part):
+            continue
+        name = (labels or {}).get(arm, arm)
+        fit = fits.get(arm)
+        label = _wrap(f"{name}: E={fit.E:.3g}, alpha={fit.alpha:.3g}" if fit else f"{name} (no fit: < 3 sizes)")
+        ax.scatter(part["compute"], part[metric], color=style["color"], s=18, alpha=0.7, linewidths=0, label=label)
+        if fit is not None:
+            grid = np.geomspace(part["compute"].min(), part["compute"].max(), 100)
+            ax.plot(grid, fit.predict(grid), color=style["color"], linestyle=style["linestyle"], linewidth=1.3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training compute (FLOPs = flops_per_token x tokens seen)")
+    ax.set_ylabel(Y_LABELS.get("val/loss", metric).replace("val loss", "final val loss"))
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend(fontsize="small", title="arm (fit)", loc="best")
+    fig.suptitle("Final loss against training compute; lines: L(C) = E + A C^-alpha fitted per arm",
+                 fontsize="medium")
+    return fig

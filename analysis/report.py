@@ -1,11 +1,18 @@
 """Regenerate an ablation report from MLflow: figures, a per-variant table, index.md and index.html.
 
     python -m analysis.report <experiment-or-filter> [--out DIR] [--baseline VARIANT] [--tracking-uri URI]
-                              [--filter FILTER] [--format png] [--format svg]
+                              [--filter FILTER] [--format png] [--format svg] [--margin M]
 
 `<experiment-or-filter>` is an MLflow experiment name, or else an MLflow search filter over all experiments
 (e.g. "tags.choice.norm = 'rmsnorm'"). The tracking URI is `--tracking-uri`, else MLFLOW_TRACKING_URI, else
-sqlite:///mlflow.db. Same runs in, same bytes out (no dates, sorted everything, fixed figure metadata).
+sqlite:///mlflow.db. Same runs in, same bytes out (no dates, sorted everything, fixed figure metadata, seeded
+bootstraps).
+
+Each variant gets one verdict against the baseline on final val bpb: better / worse / equivalent within ±m /
+inconclusive (Holm-adjusted Welch tests and TOST against ±m; the rule is in analysis/verdict.py). `--margin M` sets
+m in bits/byte; by default m is one baseline seed std, and the margin used is printed. When the runs form a compute
+ladder (an arm at >= 3 training-compute values), a scaling section fits L(C) = E + A C^-alpha per arm and gives
+compute multipliers against the baseline (analysis/scaling.py).
 
 Exit status: 0 report written; 1 report written but no run was usable (it lists what was left out and why);
 2 nothing written: no experiment / no runs matched / bad filter / unknown baseline / missing store.
@@ -23,8 +30,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.plots import loss_curves_figure, quality_figure, save_figure, variant_styles
+from analysis import scaling
+from analysis.plots import loss_curves_figure, quality_figure, save_figure, scaling_figure, variant_styles
 from analysis.stats import COMPARE_METRICS, FRONTIERS, SUMMARY_METRICS, variant_table
+from analysis.verdict import VERDICT_METRIC, Margin, add_verdicts
 from analysis.store import (AnalysisError, RunSet, default_baseline, display_uri, load_runs, metric_histories,
                             order_variants, shorten, variant_labels)
 
@@ -34,7 +43,9 @@ QUALITY_FIGURES = {  # figure -> frontier name in stats.FRONTIERS
     "quality_vs_train_throughput": "train_throughput",
     "quality_vs_decode_throughput": "decode_throughput",
 }
-TOP_FILES = ("index.md", "index.html", "summary.md", "summary.csv", "runs.csv", "left_out.csv")
+TOP_FILES = ("index.md", "index.html", "summary.md", "summary.csv", "runs.csv", "left_out.csv", "scaling.csv")
+SCALING_FIGURE = "loss_vs_compute"
+SCALING_METRIC = "final_val_loss"
 RUN_COLUMNS = ("variant", "label", "seed", "run_name", "run_id", "experiment", "git_commit", "git_dirty", "data_fingerprint",
                "tokenizer", "precision", "device", "final_val_loss", "final_val_bpb", "final_tokens_per_sec",
                "final_mfu", "params", "params_non_embedding", "flops_per_token", "kv_cache_bytes_per_token",
@@ -56,6 +67,8 @@ class Report:
     labels: dict = field(default_factory=dict)
     shared: list = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    margin: Margin = Margin(float("nan"), "none")
+    scaling: "Scaling | None" = None
 
     @property
     def exit_code(self) -> int:
@@ -180,19 +193,54 @@ def render_html(blocks, title: str) -> str:
 
 
 # ---------------------------------------------------------------- tables
+def _p(p: float) -> str:
+    return "n/a" if not np.isfinite(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def _margin_text(m: float) -> str:
+    return f"±{m:.3g}" if np.isfinite(m) else "none"
+
+
 def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     headers = ["variant", "seeds"] + [label for _, label in SUMMARY_METRICS] + [
-        "Δ val bpb vs baseline [95% CI]", "p (Welch)", "verdict"]
+        "Δ val bpb vs baseline [95% CI]", "p (Welch)", "p (Holm)", "margin", "p (TOST, Holm)", "verdict"]
     rows = []
     for _, r in table.iterrows():
         seeds = f"{r['n_runs']} ({r['seeds'].replace(';', ', ')})" if r["seeds"] else str(r["n_runs"])
+        diff, p_welch, _ = _delta(r, VERDICT_METRIC)
+        if r["is_baseline"]:
+            tail = [diff, "", "", "", "", "baseline"]
+        else:
+            tail = [diff, p_welch, _p(r[f"p_holm_{VERDICT_METRIC}"]), _margin_text(r["margin"]),
+                    _p(r[f"p_tost_holm_{VERDICT_METRIC}"]), f"**{r['verdict']}**"]
         rows.append([f"`{r.get('label', r['variant'])}`", seeds] + [_mean_std(r, m) for m, _ in SUMMARY_METRICS]
-                    + list(_delta(r, "final_val_bpb")))
+                    + tail)
+    return headers, rows
+
+
+def verdict_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Per non-baseline variant: every number behind its verdict (val bpb)."""
+    m = VERDICT_METRIC
+    headers = ["variant", "Δ val bpb", "95% Welch CI", "95% bootstrap CI", "p (Welch)", "p (Holm)",
+               "90% CI (TOST)", "p (TOST)", "p (TOST, Holm)", "verdict"]
+    rows = []
+    for _, r in table.iterrows():
+        if r["is_baseline"]:
+            continue
+
+        def ci(lo, hi):
+            return "n/a" if not np.isfinite(lo) else f"[{_signed(lo, 'loss')}, {_signed(hi, 'loss')}]"
+
+        rows.append([f"`{r.get('label', r['variant'])}`", _signed(r[f"delta_{m}"], "loss"),
+                     ci(r[f"delta_{m}_ci_low"], r[f"delta_{m}_ci_high"]),
+                     ci(r[f"boot_ci_low_{m}"], r[f"boot_ci_high_{m}"]), _p(r[f"p_{m}"]), _p(r[f"p_holm_{m}"]),
+                     ci(r[f"tost_ci_low_{m}"], r[f"tost_ci_high_{m}"]), _p(r[f"p_tost_{m}"]),
+                     _p(r[f"p_tost_holm_{m}"]), r["verdict"]])
     return headers, rows
 
 
 def comparison_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    headers = ["variant", "metric", "difference to baseline [95% CI]", "p (Welch)", "verdict"]
+    headers = ["variant", "metric", "difference to baseline [95% CI]", "p (Welch)", "Welch test (unadjusted)"]
     rows = []
     for _, r in table.iterrows():
         if r["is_baseline"]:
@@ -244,12 +292,14 @@ class Prepared:
     left_out: pd.DataFrame  # run-level (scope `report`) and figure-level exclusions
     labels: dict  # variant -> short display label
     shared: list  # override words shared by every variant (dropped from the labels)
+    margin: Margin = Margin(float("nan"), "none")  # equivalence margin of the verdicts and how it was chosen
 
 
 def prepare(query: str, tracking_uri: str | None = None, baseline: str | None = None,
-            filter_string: str = "") -> Prepared:
+            filter_string: str = "", margin: float | None = None) -> Prepared:
     """Load and summarise the runs of `query` (experiment name or MLflow filter). Raises AnalysisError when no run
-    matched or the baseline has no usable runs."""
+    matched or the baseline has no usable runs. `margin`: the equivalence margin of the verdicts in bits/byte
+    (default: one baseline seed std)."""
     runset = load_runs(query, tracking_uri, filter_string)
     if runset.runs.empty:
         raise AnalysisError(f"no runs for {runset.description} at {display_uri(runset.tracking_uri)}; "
@@ -270,6 +320,10 @@ def prepare(query: str, tracking_uri: str | None = None, baseline: str | None = 
     table = variant_table(included, baseline)
     if len(table):
         table.insert(1, "label", table["variant"].map(labels))
+    try:
+        table, margin_used = add_verdicts(table, included, baseline, margin)
+    except ValueError as exc:
+        raise AnalysisError(str(exc)) from None
     included.insert(included.columns.get_loc("variant") + 1, "label", included["variant"].map(labels))
     hist = metric_histories(included["run_id"], tracking_uri=runset.tracking_uri) if len(included) else \
         pd.DataFrame(columns=["run_id", "key", "step", "value", "timestamp"])
@@ -280,7 +334,7 @@ def prepare(query: str, tracking_uri: str | None = None, baseline: str | None = 
         left_out["_order"] = left_out["scope"] != "report"
         left_out = left_out.sort_values(["_order", "scope", "variant", "seed", "run_id"], na_position="last")
         left_out = left_out.drop(columns="_order").reset_index(drop=True)
-    return Prepared(runset, baseline, variants, styles, table, hist, left_out, labels, shared)
+    return Prepared(runset, baseline, variants, styles, table, hist, left_out, labels, shared, margin_used)
 
 
 def summary_markdown(table: pd.DataFrame) -> str:
@@ -306,10 +360,10 @@ def _left_out_rows(lo: pd.DataFrame, shared=()):
 
 # ---------------------------------------------------------------- the report
 def build_report(query: str, out: str | Path, baseline: str | None = None, tracking_uri: str | None = None,
-                 filter_string: str = "", formats=("png",)) -> Report:
+                 filter_string: str = "", formats=("png",), margin: float | None = None) -> Report:
     """Read the runs, write every file of the report into `out`, return a Report. Raises AnalysisError when nothing
-    can be written (no such experiment, no runs, unknown baseline, ...)."""
-    data = prepare(query, tracking_uri=tracking_uri, baseline=baseline, filter_string=filter_string)
+    can be written (no such experiment, no runs, unknown baseline, bad margin, ...)."""
+    data = prepare(query, tracking_uri=tracking_uri, baseline=baseline, filter_string=filter_string, margin=margin)
     runset, included, baseline, styles, table, hist = (data.runset, data.runset.included, data.baseline,
                                                       data.styles, data.table, data.hist)
     left_out = data.left_out
@@ -317,14 +371,15 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     figdir = out / "figures"
-    all_figs = list(LOSS_FIGURES) + list(QUALITY_FIGURES)
+    all_figs = list(LOSS_FIGURES) + list(QUALITY_FIGURES) + [SCALING_FIGURE]
     for name in TOP_FILES:  # only our own files: never wipe a folder
         (out / name).unlink(missing_ok=True)
     for name in all_figs:
         for ext in ("png", "svg", "pdf"):
             (figdir / f"{name}.{ext}").unlink(missing_ok=True)
     report = Report(out=out, runset=runset, baseline=baseline, table=table, left_out=left_out, labels=data.labels,
-                    shared=data.shared)
+                    shared=data.shared, margin=data.margin)
+    report.scaling = scaling_analysis(data) if len(included) else None
 
     figures: dict[str, str] = {}
     if len(included):
@@ -335,6 +390,11 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
             xm, maximize = FRONTIERS[frontier]
             fig = quality_figure(included, table, styles, xm, maximize_x=maximize, labels=data.labels)
             figures[name] = _save(fig, figdir, name, formats, report)
+        if report.scaling and report.scaling.ok:
+            sc = report.scaling
+            fig = scaling_figure(sc.points, sc.fits, variant_styles(sc.arms), SCALING_METRIC)
+            figures[SCALING_FIGURE] = _save(fig, figdir, SCALING_FIGURE, formats, report)
+            _write(out / "scaling.csv", sc.table.to_csv(index=False, lineterminator="\n"), report)
 
     # machine-readable tables
     _write(out / "summary.csv", table.to_csv(index=False, float_format=None, lineterminator="\n"), report)
@@ -393,12 +453,20 @@ def _blocks(report: Report, figures: dict, filter_string: str) -> list:
                        "ddof=1); differences are variant minus baseline with a 95% Welch confidence interval and "
                        "Welch's t-test p-value; **not significant** means p ≥ 0.05; n/a with fewer than two "
                        "seeds on either side."))
+        b.extend(_verdict_intro(report))
         b.append(("h2", "Results per variant"))
         h, r = summary_rows(table)
         b.append(("table", h, r))
         h, r = comparison_rows(table)
         if r:
             b.append(("p", "Differences to the baseline:"))
+            b.append(("table", h, r))
+        h, r = verdict_rows(table)
+        if r:
+            b.append(("h2", "Verdicts"))
+            b.append(("p", "What each verdict rests on (val bpb, variant minus baseline). The bootstrap CI resamples "
+                           "seeds (percentile method, 10,000 resamples, seeded); with few seeds it is too narrow, "
+                           "so verdicts never use it."))
             b.append(("table", h, r))
         b.append(("p", "Machine-readable: `summary.csv` (per variant), `runs.csv` (per run), `left_out.csv`."))
         b.append(("h2", "Quality against KV-cache size"))
@@ -412,6 +480,7 @@ def _blocks(report: Report, figures: dict, filter_string: str) -> list:
                 b.append(("h2", "Quality against throughput"))
                 b.append(("img", "val bpb against training tokens/s", figures["quality_vs_train_throughput"]))
                 b.append(("img", "val bpb against decode tokens/s", figures["quality_vs_decode_throughput"]))
+        b.extend(_scaling_blocks(report, figures))
         b.append(("h2", "Loss curves"))
         b.append(("p", "Mean over seeds; the band is ±1 std over seeds."))
         b.append(("img", "train and val loss against step", figures["loss_vs_step"]))
@@ -438,6 +507,85 @@ def _blocks(report: Report, figures: dict, filter_string: str) -> list:
     return b
 
 
+# ---------------------------------------------------------------- verdicts and scaling sections
+def _verdict_intro(report: Report) -> list:
+    m = report.margin
+    return [("p", f"**Verdict** (val bpb, lower is better), exactly one of *better*, *worse*, *equivalent within "
+                  f"±m*, *inconclusive*. Equivalence margin m = {_margin_text(m.value)} bits/byte ({m.source}). "
+                  "Rule: *equivalent within ±m* when the TOST p-value (two one-sided Welch tests against ±m), "
+                  "Holm-adjusted across the variants, is < 0.05 (the 90% CI of the difference lies inside ±m); else "
+                  "*better* / *worse* when the Welch p-value, Holm-adjusted across the variants, is < 0.05; else "
+                  "*inconclusive*: neither a difference nor an equivalence was shown (a non-significant p is not "
+                  "evidence of no difference). With fewer than two seeds on either side: *inconclusive*.")]
+
+
+@dataclass
+class Scaling:
+    """The scaling section's data: per-run points (arm, seed, compute, loss), fits, the per-arm table."""
+
+    ok: bool
+    summary: str  # one line: what was fitted, or why the section is skipped
+    points: pd.DataFrame = field(default_factory=pd.DataFrame)
+    fits: dict = field(default_factory=dict)
+    table: pd.DataFrame = field(default_factory=pd.DataFrame)
+    arms: list = field(default_factory=list)
+
+
+def scaling_analysis(data: Prepared) -> Scaling:
+    """Fit L(C) per arm when the baseline's arm has runs at >= 3 training-compute values; else say why not."""
+    inc = data.runset.included
+    compute = scaling.run_compute(inc, data.hist)
+    points = pd.DataFrame({"arm": inc["variant"].map(scaling.arm_of).to_numpy(), "variant": inc["variant"].to_numpy(),
+                           "seed": inc["seed"].to_numpy(), "compute": compute.reindex(inc["run_id"]).to_numpy(),
+                           SCALING_METRIC: inc[SCALING_METRIC].astype(float).to_numpy()})
+    missing = int(points["compute"].isna().sum())
+    points = points[np.isfinite(points["compute"].astype(float))]
+    base_arm = scaling.arm_of(data.baseline)
+    levels = points.loc[points["arm"] == base_arm, "compute"].nunique()
+    if levels < scaling.MIN_LEVELS:
+        why = (f"skipped: the baseline arm `{base_arm}` has runs at {levels} distinct training-compute value(s); a "
+               f"fit of L(C) = E + A C^-alpha needs >= {scaling.MIN_LEVELS} (a ladder of model sizes or steps)")
+        if missing:
+            why += f"; {missing} run(s) lack flops_per_token or a tokens_seen history"
+        return Scaling(False, why)
+    table, fits = scaling.scaling_table(points, base_arm, SCALING_METRIC)
+    arms = list(table["arm"])
+    summary = (f"fitted {len(fits)} of {len(arms)} arm(s) over {points['compute'].nunique()} compute values; "
+               f"baseline arm `{base_arm}`")
+    return Scaling(True, summary, points.reset_index(drop=True), fits, table, arms)
+
+
+def _sci(v: float) -> str:
+    if not np.isfinite(v):
+        return "∞" if v == np.inf else "n/a"
+    return f"{v:.3g}"
+
+
+def _scaling_blocks(report: Report, figures: dict) -> list:
+    sc = report.scaling
+    b: list = [("h2", "Scaling with compute")]
+    if sc is None or not sc.ok:
+        b.append(("p", "Scaling fits: " + (sc.summary if sc else "skipped: no results") + "."))
+        return b
+    b.append(("p", "Final val loss (nats/token) against training compute C = flops_per_token × tokens seen, per "
+                   "arm (a variant without its model-size / step overrides), fitted as L(C) = E + A·C^−alpha by "
+                   "least squares (analysis/scaling.py). Compute multiplier: the compute the baseline's fitted law "
+                   "needs to reach the arm's mean loss at the arm's largest compute, divided by that compute "
+                   "(> 1: the arm needs less compute); 95% percentile bootstrap CI over seeds (200 resamples, the "
+                   "baseline refitted each time). ∞: the baseline's law never reaches that loss."))
+    b.append(("img", "final val loss against training compute with fitted laws", figures[SCALING_FIGURE]))
+    rows = []
+    for _, r in sc.table.iterrows():
+        mult = "baseline" if r["is_baseline"] else (
+            f"{_sci(r['multiplier'])} [{_sci(r['multiplier_ci_low'])}, {_sci(r['multiplier_ci_high'])}]")
+        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), _sci(r["E"]), _sci(r["A"]),
+                     _sci(r["alpha"]), _sci(r["compute_top"]), _fmt(r["loss_top"], "loss"), mult])
+    b.append(("table", ["arm", "runs", "compute values", "E", "A", "alpha", "largest compute (FLOPs)",
+                        "mean loss there", "compute multiplier [95% CI]"], rows))
+    b.append(("p", "Machine-readable: `scaling.csv`."))
+    return b
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -452,11 +600,15 @@ def main(argv=None) -> int:
     parser.add_argument("--filter", default="", help="extra MLflow filter string on the experiment's runs")
     parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), dest="formats",
                         help="figure format(s); repeatable (default: png)")
+    parser.add_argument("--margin", type=float, default=None,
+                        help="equivalence margin m in bits/byte for the verdicts (default: one baseline seed std, "
+                             "printed)")
     args = parser.parse_args(argv)
     out = args.out or str(Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", args.query).strip("_") or "report"))
     try:
         report = build_report(args.query, out, baseline=args.baseline, tracking_uri=args.tracking_uri,
-                              filter_string=args.filter, formats=tuple(args.formats or ("png",)))
+                              filter_string=args.filter, formats=tuple(args.formats or ("png",)),
+                              margin=args.margin)
     except AnalysisError as exc:
         print(f"analysis.report: error: {exc}", file=sys.stderr)
         return 2
@@ -464,6 +616,11 @@ def main(argv=None) -> int:
     n_left = int((report.left_out["scope"] == "report").sum()) if len(report.left_out) else 0
     print(f"report for {rs.description}: {len(rs.included)} runs of {len(report.table)} variants, "
           f"{n_left} left out -> {Path(out) / 'index.md'}")
+    if report.baseline:
+        print(f"verdicts on {VERDICT_METRIC}: equivalence margin {_margin_text(report.margin.value)} bits/byte "
+              f"({report.margin.source})")
+    if report.scaling is not None:
+        print(f"scaling: {report.scaling.summary}")
     if report.exit_code:
         print("analysis.report: no usable run (none finished with final_val_loss and final_val_bpb); the report "
               "lists what was left out", file=sys.stderr)
