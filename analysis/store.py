@@ -15,9 +15,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 
-# the one user-facing error base of the project (modules.errors imports nothing itself)
-from modules.errors import AblationsError
-
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 # Step metrics (logged against the training step).
@@ -68,7 +65,7 @@ _FILTER_RE = re.compile(r"(!=|>=|<=|=|<|>|\bI?LIKE\b|\bIN\b)", re.IGNORECASE)
 log = logging.getLogger(__name__)
 
 
-class AnalysisError(AblationsError):
+class AnalysisError(Exception):
     """A clear, user-facing problem with the input (bad URI, unknown experiment, bad filter, ...)."""
 
 
