@@ -219,7 +219,15 @@ def make_sampler(settings: SweepSettings, notes: list[str] | None = None) -> opt
             return _build(optuna.samplers.NSGAIISampler, "sampler", name, args, notes)
         if name == "random":
             return _build(optuna.samplers.RandomSampler, "sampler", name, args, notes)
-    raise SweepError(f"sweep.sampler={name!r}: valid samplers: tpe, nsga2, random")
+        if name == "grid":  # every combination of the (categorical) choices, each once
+            not_categorical = [p.key for p in settings.space.params
+                               if not isinstance(p.distribution, optuna.distributions.CategoricalDistribution)]
+            if not_categorical:
+                raise SweepError(f"sweep.sampler=grid needs categorical parameters; {not_categorical[0]} is not "
+                                 f"(give it `choices: [...]`)")
+            grid = {p.key: list(p.distribution.choices) for p in settings.space.params}
+            return _build(optuna.samplers.GridSampler, "sampler", name, {"search_space": grid, **args}, notes)
+    raise SweepError(f"sweep.sampler={name!r}: valid samplers: tpe, nsga2, random, grid")
 
 
 def make_pruner(settings: SweepSettings, trainer_cfg: Mapping[str, Any],
@@ -339,6 +347,19 @@ class MlflowLinks:
 # --------------------------------------------------------------------------------------------------- worker
 
 
+def compose_run(overrides: list[str]) -> DictConfig:
+    """The training config of one run, inside an initialised Hydra config dir: like @hydra.main, HydraConfig.get()
+    works (runtime choices, overrides, which ablations.train tags) and the config has no `hydra` key."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
 def _short(exc: BaseException, limit: int = 500) -> str:
     """One line: the exception's type and first line (plus Hydra's 'Available options' list, if any)."""
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
@@ -369,8 +390,12 @@ def _values_of(overrides: list[str]) -> dict[str, Any]:
 class Sweep:
     """One worker of one study. ``run()`` returns the process exit code."""
 
-    def __init__(self, overrides: list[str], train_fn: TrainFn | None = None, out=None, conf_dir: Path = CONF_DIR):
+    def __init__(self, overrides: list[str], train_fn: TrainFn | None = None, out=None, conf_dir: Path = CONF_DIR,
+                 sweep_patch: Mapping[str, Any] | None = None):
+        """sweep_patch: keys that replace those of conf/sweep/<name>.yaml (for callers such as sweeps.verdict that
+        build a study programmatically, e.g. a space whose keys contain dots and so cannot be a Hydra override)."""
         self.out = out or sys.stdout
+        self.sweep_patch = dict(sweep_patch or {})
         self.conf_dir = Path(conf_dir)
         self.train_fn = train_fn
         self.user_overrides = list(overrides)
@@ -398,14 +423,7 @@ class Sweep:
         return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_config)
 
     def compose_trial(self, overrides: list[str]) -> DictConfig:
-        from hydra.core.hydra_config import HydraConfig
-
-        cfg = self.compose(overrides, hydra_config=True)
-        # Like @hydra.main: HydraConfig.get() works (runtime choices, overrides) and cfg has no `hydra` key.
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            del cfg["hydra"]
-        return cfg
+        return compose_run(overrides)
 
     def validate_model(self, cfg: DictConfig) -> None:
         """Raise ValueError for an invalid model config (before any weights, data or MLflow run exist)."""
@@ -440,6 +458,7 @@ class Sweep:
             sweep_cfg = OmegaConf.to_container(root.sweep, resolve=True) if root.get("sweep") else None
             if not sweep_cfg:
                 raise SweepError(f"conf/sweep/{self.name}.yaml is empty")
+            sweep_cfg.update(self.sweep_patch)
             self.settings = settings = SweepSettings.from_config(self.name, sweep_cfg)
             return self._run(root, settings)
 

@@ -1,0 +1,301 @@
+"""``python -m sweeps.verdict [verdict=<name>] [experiment=<name>] [verdict.KEY=VALUE ...] [training overrides]``
+
+The verdict protocol: for each model size of a ladder (smallest first) and each arm (a variant of the
+experiment), an lr search (an Optuna study on conf/sweep/verdict-lr.yaml: one seed, each lr of a log grid once),
+then N seeds at that arm's best lr, every run at the size's compute budget (`trainer.budget.flops`, so each arm's
+step count follows from its own FLOPs per token). Every run is one MLflow run tagged with the protocol, the arm,
+its family, the size, the stage and (seeds) the lr, so `python -m analysis.report` can find them.
+
+Re-running the same command continues: an lr study resumes up to its grid size (Optuna's trial budget, shared by
+any number of workers on one storage), and a seed that already has a FINISHED run is not trained again. The lr
+stage's seed (verdict.lr.seed) is never reused by the seeds stage: the winner of a search is biased low, so its
+run is not one of the seeds the verdict is computed from.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import optuna
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from modules.errors import AblationsError
+from sweeps.study import CONF_DIR, Sweep, SweepError, _parse_overrides, _short, compose_run, tracking_uri
+
+USAGE = """usage: python -m sweeps.verdict [verdict=<name>] [experiment=<name>] [verdict.KEY=VALUE ...] [overrides]
+
+  verdict=NAME              conf/verdict/NAME.yaml (default: default; arms from the experiment's sweeper params)
+  experiment=NAME           the experiment every run uses (or verdict.experiment in the verdict file)
+  verdict.seeds=N           seeds per arm and size (verdict.seeds_largest=N at the largest size)
+  verdict.storage=URL       Optuna storage of the lr stages (sqlite:///optuna.db | postgresql://...)
+  verdict.lr.grid=[...]     the learning rates each arm tries (one seed each)
+  any other override        applied to every run (e.g. threads=1 tracking.uri=sqlite:///study.db)
+
+examples:
+  python -m sweeps.verdict experiment=positions
+  python -m sweeps.verdict verdict=second-study threads=1
+  python -m analysis.report second-study        # the verdicts, scaling fits and compute multipliers"""
+
+STAGES = ("lr", "seeds")
+
+
+class VerdictError(SweepError):
+    """A bad protocol description (one line, names the key and the fix)."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    family: str
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    budget_flops: float
+    overrides: tuple[str, ...]
+
+
+@dataclass
+class Protocol:
+    name: str
+    experiment: str | None
+    baseline: str
+    arms: list[Arm]
+    sizes: list[Size]
+    seeds: int
+    seeds_largest: int
+    lr_grid: list[float]
+    lr_seed: int
+    storage: str
+    overrides: list[str]      # the verdict file's, then the user's training overrides
+
+    def run_overrides(self, arm: Arm, size: Size) -> list[str]:
+        """The training overrides of every run of (arm, size); the user's come last and win."""
+        head = [f"experiment={self.experiment}"] if self.experiment else []
+        return [*head, f"tracking.experiment={self.name}", *size.overrides,
+                f"trainer.budget.flops={size.budget_flops:g}", *arm.overrides, *self.overrides]
+
+    def seed_list(self, size_index: int) -> list[int]:
+        """Seeds of the seeds stage: 0, 1, 2, ... skipping the lr stage's seed."""
+        n = self.seeds_largest if size_index == len(self.sizes) - 1 else self.seeds
+        return [s for s in range(n + 1) if s != self.lr_seed][:n]
+
+    def tags(self, arm: Arm, size: Size, stage: str) -> dict[str, str]:
+        return {"verdict.protocol": self.name, "verdict.arm": arm.name, "verdict.family": arm.family,
+                "verdict.baseline": self.baseline, "verdict.size": size.name, "verdict.stage": stage,
+                "verdict.budget_flops": f"{size.budget_flops:g}"}
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the protocol's overrides, the training overrides); `verdict=X` becomes `+verdict=X` (not in the root
+    defaults, so training configs never carry the protocol's keys)."""
+    verdict, run = [], []
+    for o in _parse_overrides(argv):
+        key = o.key_or_group.lstrip("+~")
+        if key == "verdict" or key.startswith("verdict."):
+            line = o.input_line
+            verdict.append("+" + line if key == "verdict" and not line.startswith(("+", "~")) else line)
+        else:
+            run.append(o.input_line)
+    if not any(v.lstrip("+").startswith("verdict=") for v in verdict):
+        verdict.insert(0, "+verdict=default")
+    return verdict, run
+
+
+def _need(v: Mapping, key: str, kind, what: str):
+    value = v.get(key)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise VerdictError(f"invalid verdict.{key}={value!r}: expected {what}")
+    return value
+
+
+def _arms_from_sweeper(params: Mapping[str, Any] | None, experiment: str | None) -> list[Arm]:
+    """One family's arms from the experiment's `hydra.sweeper.params` (e.g. position: learned,rope,alibi)."""
+    swept = {k: v for k, v in (params or {}).items() if k != "seed"}
+    if len(swept) != 1:
+        raise VerdictError(f"invalid verdict.arms=null: experiment={experiment} sweeps {sorted(swept) or 'nothing'}; "
+                           f"arms can be derived from exactly one swept key, else list them in verdict.arms")
+    (key, choices), = swept.items()
+    names = [c.strip() for c in str(choices).split(",") if c.strip()]
+    return [Arm(name=c, family=key, overrides=(f"{key}={c}",)) for c in names]
+
+
+def _arms(v: Mapping, params, experiment) -> list[Arm]:
+    raw = v.get("arms")
+    if raw is None:
+        return _arms_from_sweeper(params, experiment)
+    if not isinstance(raw, Mapping) or not raw:
+        raise VerdictError(f"invalid verdict.arms={raw!r}: expected a mapping arm -> {{family, overrides}}")
+    arms = []
+    for name, spec in raw.items():
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("overrides", []), list):
+            raise VerdictError(f"invalid verdict.arms.{name}={spec!r}: expected {{family: F, overrides: [...]}}")
+        arms.append(Arm(str(name), str(spec.get("family") or "arms"), tuple(str(o) for o in spec.get("overrides", []))))
+    return arms
+
+
+def _sizes(v: Mapping) -> list[Size]:
+    raw = v.get("sizes")
+    if not isinstance(raw, list) or not raw:
+        raise VerdictError(f"invalid verdict.sizes={raw!r}: expected a list of {{name, budget_flops, overrides}}")
+    sizes = []
+    for i, s in enumerate(raw):
+        flops = s.get("budget_flops") if isinstance(s, Mapping) else None
+        if isinstance(flops, bool) or not isinstance(flops, (int, float)) or flops <= 0:
+            raise VerdictError(f"invalid verdict.sizes[{i}].budget_flops={flops!r}: expected FLOPs > 0, e.g. 1.2e12")
+        sizes.append(Size(str(s.get("name") or f"size{i}"), float(flops), tuple(str(o) for o in s.get("overrides", []))))
+    if len({s.name for s in sizes}) != len(sizes):
+        raise VerdictError(f"invalid verdict.sizes: names {[s.name for s in sizes]} repeat; give each a unique name")
+    return sizes
+
+
+def load_protocol(argv: list[str], conf_dir: Path = CONF_DIR) -> Protocol:
+    from hydra import compose, initialize_config_dir
+
+    verdict_ov, run_ov = _split(argv)
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="verdict"):
+        try:
+            root = compose(config_name="config", overrides=[*verdict_ov, *run_ov])
+            v = OmegaConf.to_container(root.verdict, resolve=True)
+            experiment = next((o.split("=", 1)[1] for o in run_ov if o.startswith("experiment=")), None)
+            experiment = experiment or v.get("experiment")
+            run_ov = [o for o in run_ov if not o.startswith("experiment=")]
+            head = [f"experiment={experiment}"] if experiment else []
+            probe = compose(config_name="config", overrides=[*head, *run_ov], return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise VerdictError(f"config error: {_short(e)}") from None
+    params = OmegaConf.to_container(probe.hydra.sweeper.params, resolve=True) if probe.hydra.sweeper.get("params") \
+        else None
+    arms = _arms(v, params, experiment)
+    baseline = v.get("baseline") or arms[0].name
+    if baseline not in {a.name for a in arms}:
+        raise VerdictError(f"invalid verdict.baseline={baseline!r}: choose one of the arms {[a.name for a in arms]}")
+    grid = v.get("lr", {}).get("grid")
+    if not isinstance(grid, list) or not grid or not all(isinstance(x, (int, float)) and x > 0 for x in grid):
+        raise VerdictError(f"invalid verdict.lr.grid={grid!r}: expected a list of learning rates > 0")
+    name = v.get("name") or OmegaConf.select(probe, "tracking.experiment") or experiment
+    return Protocol(
+        name=str(name), experiment=experiment, baseline=str(baseline), arms=arms, sizes=_sizes(v),
+        seeds=_need(v, "seeds", int, "an integer >= 1"), seeds_largest=_need(v, "seeds_largest", int, "an integer >= 1"),
+        lr_grid=[float(x) for x in grid], lr_seed=int(v.get("lr", {}).get("seed", 0)),
+        storage=_need(v, "storage", str, "an Optuna storage URL"),
+        overrides=[*(str(o) for o in v.get("overrides") or []), *run_ov])
+
+
+# ------------------------------------------------------------------------------------------------ stages
+
+
+def _with_tags(train_fn: Callable | None, extra: Mapping[str, str]) -> Callable:
+    def run(cfg, callbacks=(), tags=None):
+        fn = train_fn
+        if fn is None:
+            from ablations.train import train as fn
+        return fn(cfg, callbacks=callbacks, tags={**(tags or {}), **extra})
+    return run
+
+
+class Verdict:
+    def __init__(self, protocol: Protocol, train_fn: Callable | None = None, out=None, conf_dir: Path = CONF_DIR):
+        self.p, self.train_fn, self.out, self.conf_dir = protocol, train_fn, out or sys.stdout, Path(conf_dir)
+        self.summary: list[tuple[str, str, float | None, int]] = []  # (size, arm, best lr, finished seeds)
+
+    def say(self, msg: str) -> None:
+        print(f"[verdict {self.p.name}] {msg}", file=self.out, flush=True)
+
+    def run(self) -> int:
+        p = self.p
+        self.say(f"{len(p.arms)} arms ({', '.join(a.name for a in p.arms)}; baseline {p.baseline}) x "
+                 f"{len(p.sizes)} sizes ({', '.join(s.name for s in p.sizes)}); lr grid {p.lr_grid}; "
+                 f"seeds {p.seeds} ({p.seeds_largest} at {p.sizes[-1].name})")
+        for i, size in enumerate(p.sizes):
+            best = {arm.name: self.lr_stage(arm, size) for arm in p.arms}
+            for arm in p.arms:
+                done = self.seeds_stage(arm, size, best[arm.name], p.seed_list(i)) if best[arm.name] else 0
+                self.summary.append((size.name, arm.name, best[arm.name], done))
+        for size, arm, lr, done in self.summary:
+            self.say(f"size {size} arm {arm}: best lr {lr if lr is not None else 'none (every lr failed)'}, "
+                     f"{done} seed run(s) finished")
+        self.say(f"report: python -m analysis.report {p.name}")
+        return 0 if all(lr is not None for _, _, lr, _ in self.summary) else 1
+
+    def lr_stage(self, arm: Arm, size: Size) -> float | None:
+        p = self.p
+        study_name = f"{p.name}.{size.name}.{arm.name}.lr"
+        patch = {"study_name": study_name, "n_trials": len(p.lr_grid), "storage": p.storage,
+                 "mlflow_experiment": p.name, "space": {"optim.lr": {"type": "categorical", "choices": p.lr_grid}}}
+        overrides = ["sweep=verdict-lr", *p.run_overrides(arm, size), f"seed={p.lr_seed}"]
+        sweep = Sweep(overrides, train_fn=_with_tags(self.train_fn, p.tags(arm, size, "lr")), out=self.out,
+                      conf_dir=self.conf_dir, sweep_patch=patch)
+        sweep.run()
+        done = [t for t in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+        if not done:
+            self.say(f"size {size.name} arm {arm.name}: no lr of {p.lr_grid} finished; no seeds for this arm")
+            return None
+        return float(min(done, key=lambda t: t.value).params["optim.lr"])
+
+    def seeds_stage(self, arm: Arm, size: Size, lr: float, seeds: list[int]) -> int:
+        from hydra import initialize_config_dir
+
+        p, finished = self.p, 0
+        tags = {**p.tags(arm, size, "seeds"), "verdict.lr": f"{lr:g}"}
+        for seed in seeds:
+            overrides = [*p.run_overrides(arm, size), f"optim.lr={lr:g}", f"seed={seed}"]
+            with initialize_config_dir(config_dir=str(self.conf_dir), version_base="1.3", job_name="verdict"):
+                try:
+                    cfg = compose_run(overrides)
+                except (HydraException, OmegaConfBaseException) as e:
+                    raise VerdictError(f"config error for arm {arm.name} size {size.name}: {_short(e)}") from None
+                if self._finished(cfg, tags, seed):
+                    finished += 1
+                    continue
+                self.say(f"size {size.name} arm {arm.name}: seed {seed} at lr {lr:g}")
+                try:
+                    _with_tags(self.train_fn, tags)(cfg)
+                    finished += 1
+                except AblationsError as e:  # diverged / bad data: the run is FAILED in MLflow; the report lists it
+                    self.say(f"size {size.name} arm {arm.name}: seed {seed} failed: {_short(e)}")
+        return finished
+
+    def _finished(self, cfg, tags: Mapping[str, str], seed: int) -> bool:
+        """Whether this (protocol, arm, size, seeds stage, seed) already has a FINISHED run in MLflow."""
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri(cfg))
+        exp = client.get_experiment_by_name(self.p.name)
+        if exp is None:
+            return False
+        keys = ("verdict.protocol", "verdict.arm", "verdict.size", "verdict.stage")
+        filt = " and ".join(f"tags.`{k}` = '{tags[k]}'" for k in keys)
+        runs = client.search_runs([exp.experiment_id], f"{filt} and tags.seed = '{seed}' and "
+                                                       f"attributes.status = 'FINISHED'", max_results=1)
+        return bool(runs)
+
+
+def main(argv: list[str] | None = None, train_fn=None, conf_dir: Path | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        protocol = load_protocol(argv, conf_dir or CONF_DIR)
+        return Verdict(protocol, train_fn=train_fn, conf_dir=conf_dir or CONF_DIR).run()
+    except AblationsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
