@@ -81,17 +81,19 @@ class GPT(nn.Module):
             n -= self.wte.weight.numel() + type(self.position).embedding_params(self.config)
         return n
 
-    def new_cache(self, batch_size: int, dtype: torch.dtype | None = None) -> KVCache:
+    def new_cache(self, batch_size: int, dtype: torch.dtype | None = None, window: int | None = None) -> KVCache:
+        """window: keep (and attend to) only the last `window` positions; None: the attention's own window."""
         p = self.wte.weight
-        return KVCache(self.config.n_layer, batch_size, dtype or p.dtype, p.device, window=self.config.window,
-                       max_len=self.config.block_size)
+        return KVCache(self.config.n_layer, batch_size, dtype or p.dtype, p.device,
+                       window=self.config.window if window is None else window, max_len=self.config.block_size)
 
     # ------------------------------------------------------------------------------------------------------
-    def _attn_mask(self, pos, valid, cache, padded: bool):
+    def _attn_mask(self, pos, valid, cache, padded: bool, window: int | None = None):
         """The mask every layer uses for this call, built once: bool (B, 1, T, S), or a float bias with -inf where
-        masked (B, nh, T, S) when the position scheme adds one (alibi, t5bias), or None for plain causal attention."""
-        cfg = self.config
-        if cache is None and not padded and cfg.window is None and not self.position.adds_attn_bias:
+        masked (B, nh, T, S) when the position scheme adds one (alibi, t5bias), or None for plain causal attention.
+        window: the band width (None: the attention's own, config.window)."""
+        window = self.config.window if window is None else window
+        if cache is None and not padded and window is None and not self.position.adds_attn_bias:
             return None  # SDPA's is_causal fast path
         B, T = pos.shape
         past = 0 if cache is None else cache.seq_len
@@ -100,8 +102,8 @@ class GPT(nn.Module):
         # causal by index: all cached keys precede the new queries; new query t sees new keys <= t
         causal = torch.ones(T, past + T, dtype=torch.bool, device=pos.device).tril(diagonal=past)  # (T, S)
         allowed = causal[None] & key_valid[:, None, :]  # (B, T, S): padding keys are never visible
-        if cfg.window is not None:  # the band: distance in positions (not columns, which include padding) < W
-            allowed = allowed & (pos[:, :, None] - key_pos[:, None, :] < cfg.window)
+        if window is not None:  # the band: distance in positions (not columns, which include padding) < W
+            allowed = allowed & (pos[:, :, None] - key_pos[:, None, :] < window)
         # A real query always sees itself; a padding query may see nothing, and softmax over an empty row is 0/0.
         # Let those rows see every key instead: their outputs are never read (padding is masked out as a key).
         allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
@@ -111,12 +113,14 @@ class GPT(nn.Module):
             return allowed
         return bias.masked_fill(~allowed, float("-inf"))
 
-    def forward(self, idx, attention_mask=None, position_ids=None, cache=None):
+    def forward(self, idx, attention_mask=None, position_ids=None, cache=None, window=None):
         """idx (B, T) int64 -> logits (B, T, V).
 
         attention_mask (B, T): 1 for real tokens, 0 for (left) padding, covering the tokens of this call only.
         position_ids (B, T): default cumsum(mask) - 1, continued from the cache, so padding doesn't shift positions.
         cache: a `new_cache()` object; this call's keys are appended to it and it sees everything cached before.
+        window: each query sees at most this many positions (itself included); None: the cache's window when a
+        cache is given, else the attention's own (`config.window`). generate() uses it to decode past block_size.
         """
         B, T = idx.size()
         valid = (torch.ones_like(idx, dtype=torch.bool) if attention_mask is None
@@ -125,7 +129,9 @@ class GPT(nn.Module):
             start = torch.zeros(B, dtype=torch.long, device=idx.device) if cache is None else cache.next_pos
             position_ids = start[:, None] + (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
         padded = attention_mask is not None and not bool(valid.all())
-        mask = self._attn_mask(position_ids, valid, cache, padded)
+        if window is None:
+            window = cache.window if cache is not None else self.config.window
+        mask = self._attn_mask(position_ids, valid, cache, padded, window)
         rot = self.position.rotary(position_ids)  # (cos, sin) each (B, 1, T, dim/2), or None
 
         x = self.wte(idx)  # (B, T, C)
@@ -140,32 +146,46 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
-                 attention_mask=None, eos_token_id=None, generator=None):
+                 attention_mask=None, eos_token_id=None, generator=None, max_context=None):
         """Continue idx (B, T) by max_new_tokens tokens -> (B, T + max_new_tokens) int64.
 
         temperature=0 is greedy. Prompts of different lengths are left-padded, with attention_mask marking real
         tokens (1) and padding (0). With use_cache, the prompt is prefilled once and each new token is decoded
         against the KV cache; use_cache=False re-runs the whole context every step (the reference path).
-        The model never sees more than block_size tokens: once the sequence is longer, the context is cropped to
-        its last block_size tokens (positions restart at 0, as in training). The cached path re-prefills the
-        cropped context at those steps, so both paths compute the same thing. After eos_token_id a row keeps
-        emitting eos; generation stops early once every row has.
+        After eos_token_id a row keeps emitting eos; generation stops early once every row has.
+
+        Past block_size (max_context=None means block_size):
+        - schemes with a position table (learned: `max_positions` is block_size) crop the context to its last
+          max_context tokens, positions restarting at 0 as in training; the cached path re-prefills the cropped
+          context at those steps.
+        - every other scheme keeps decoding against the cache with positions that continue; each token attends to
+          the last max_context positions (with a sliding-window attention: the last min(W, max_context), W when
+          max_context is None). The cache is a rolling window of that many positions, so memory stays flat. The
+          uncached path computes the same thing: one forward over the whole sequence with that band mask.
         """
         was_training = self.training
         self.eval()  # dropout would make every path (and every call) disagree
-        bs = self.config.block_size
-        B = idx.size(0)
+        cfg, B, start_len = self.config, idx.size(0), idx.size(1)
+        crop, window = self._context_limits(max_context)
         mask = torch.ones_like(idx) if attention_mask is None else attention_mask.to(idx.device).long()
         finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
         cache = None
-        start_len = idx.size(1)
         for _ in range(max_new_tokens):
-            if not use_cache:
-                logits = self(idx[:, -bs:], attention_mask=mask[:, -bs:])
-            elif cache is None or idx.size(1) > bs:  # prefill, or re-prefill the cropped context
-                cache = self.new_cache(B)
-                logits = self(idx[:, -bs:], attention_mask=mask[:, -bs:], cache=cache)
-            else:  # decode one token against the cache
+            if crop is not None:  # a position table: never more than `crop` tokens, positions from 0
+                if not use_cache:
+                    logits = self(idx[:, -crop:], attention_mask=mask[:, -crop:])
+                elif cache is None or idx.size(1) > crop:  # prefill, or re-prefill the cropped context
+                    cache = self.new_cache(B)
+                    logits = self(idx[:, -crop:], attention_mask=mask[:, -crop:], cache=cache)
+                else:
+                    logits = self(idx[:, -1:], attention_mask=mask[:, -1:], cache=cache)
+            elif not use_cache:  # the band forward over everything (the plain causal mask while it is no wider)
+                band = window if cfg.window is not None or idx.size(1) > window else None
+                logits = self(idx, attention_mask=mask, window=band)
+            elif cache is None:  # prefill the whole prompt into a rolling cache of `window` positions
+                cache = self.new_cache(B, window=window)
+                logits = self(idx, attention_mask=mask, cache=cache)
+            else:  # decode one token against the cache, its position continuing
                 logits = self(idx[:, -1:], attention_mask=mask[:, -1:], cache=cache)
             logits = logits[:, -1, :].float()  # (B, V)
             next_id = self._sample(logits, temperature, top_k, top_p, generator)  # (B, 1)
@@ -181,6 +201,23 @@ class GPT(nn.Module):
             idx = torch.cat((idx, idx.new_full((B, remaining), eos_token_id)), dim=1)
         self.train(was_training)
         return idx
+
+    def _context_limits(self, max_context):
+        """-> (crop, window) for generate: exactly one is an int (crop for position tables, a band otherwise)."""
+        cfg = self.config
+        if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int)
+                                        or max_context < 1):
+            raise ValueError(f"invalid max_context={max_context!r}: expected an integer >= 1 or None (block_size)")
+        cap = cfg.block_size if max_context is None else max_context
+        table = type(self.position).max_positions(cfg)
+        if table is not None:
+            if cap > table:
+                raise ValueError(f"invalid max_context={cap}: position={cfg.position.name} has {table} positions; "
+                                 f"use max_context <= {table}")
+            return cap, None
+        if cfg.window is not None:  # a sliding window is already the band; a cap can only narrow it
+            return None, cfg.window if max_context is None else min(cfg.window, cap)
+        return None, cap
 
     @staticmethod
     def _sample(logits, temperature, top_k, top_p, generator):
