@@ -38,6 +38,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .generation import decode_cached, decode_uncached, prefill  # the generation measurements train() makes too
+from .generation import sync as _sync
+
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ("ceilings", "train", "harness", "inference", "startup", "scaling")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -45,11 +48,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # ----------------------------------------------------------------------------------------------------------------
 # timing
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def interleaved(items: dict, seconds: float, rounds: int, device: str = "cpu", warmup: int = 1) -> dict:
@@ -240,53 +238,6 @@ def harness_tokens_per_sec(overrides: list[str], steps: int) -> dict:
 
 # ----------------------------------------------------------------------------------------------------------------
 # inference (batch 1, greedy): the same forward calls `GPT.generate` makes
-
-
-@torch.no_grad()
-def prefill(model, prompt: torch.Tensor, cache_dtype) -> None:
-    """One prefill as generate() does it: the whole prompt through the model, filling a fresh cache."""
-    cache = model.new_cache(prompt.size(0), dtype=cache_dtype)
-    model(prompt, attention_mask=torch.ones_like(prompt), cache=cache)
-
-
-@torch.no_grad()
-def decode_cached(model, prompt: torch.Tensor, new_tokens: int, cache_dtype, device: str) -> tuple[float, int]:
-    """Prefill (untimed), then time new_tokens decode steps against the cache -> (seconds per token, cache bytes
-    after the prefill)."""
-    cache = model.new_cache(1, dtype=cache_dtype)
-    one = torch.ones(1, 1, dtype=torch.long, device=prompt.device)
-    logits = model(prompt, attention_mask=torch.ones_like(prompt), cache=cache)
-    nbytes = int(cache.nbytes)
-    nxt = logits[:, -1, :].float().argmax(dim=-1, keepdim=True)
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(new_tokens):
-        logits = model(nxt, attention_mask=one, cache=cache)
-        nxt = logits[:, -1, :].float().argmax(dim=-1, keepdim=True)
-    _sync(device)
-    return (time.perf_counter() - t0) / new_tokens, nbytes
-
-
-@torch.no_grad()
-def decode_uncached(model, prompt: torch.Tensor, max_tokens: int, seconds: float, device: str) -> float:
-    """Decode by recomputing the whole context each token (generate(use_cache=False)) -> seconds per token.
-    Stops after max_tokens or once `seconds` are spent (at least 2 tokens): at long contexts each token is a
-    full prefill."""
-    idx = prompt
-    mask = torch.ones_like(idx)
-    times = []
-    for _ in range(max_tokens):
-        _sync(device)
-        t0 = time.perf_counter()
-        logits = model(idx, attention_mask=mask)
-        nxt = logits[:, -1, :].float().argmax(dim=-1, keepdim=True)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-        idx = torch.cat((idx, nxt), dim=1)
-        mask = torch.cat((mask, torch.ones_like(nxt)), dim=1)
-        if len(times) >= 2 and sum(times) >= seconds:
-            break
-    return min(times)
 
 
 def weight_bytes_read_per_token(model) -> int:
@@ -539,7 +490,7 @@ def inference_figures(model_cfg: dict, out: dict, rows: list, opts: dict, window
     for _ in range(reps):
         read_bw = max(read_bw, interleaved({"read": read_item}, window / 2, 1, device)["read"]["best"])
         for c in contexts:
-            sec, nbytes[c] = decode_cached(model, prompts[c], new, dtype, device)
+            sec, nbytes[c], _ = decode_cached(model, prompts[c], new, dtype, device)
             per_tok[c] = min(per_tok[c], sec)
     result["read_bandwidth"] = read_bw
     for c in contexts:

@@ -60,7 +60,7 @@ def load_run(run_id: str, uri: str, tokenizer_name: str | None = None):
     from .errors import CheckpointError, TokenizerError
     from .tokenizers import tokenizer_from_identity
     from .tracking import check_reachable, client, get_run
-    from .train import load_final_checkpoint
+    from .checkpoints import load_final_checkpoint
 
     check_reachable(uri)
     cl = client(uri)

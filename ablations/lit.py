@@ -6,7 +6,7 @@ import logging
 import math
 import os
 import pickle
-import time
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -16,6 +16,25 @@ import torch.nn.functional as F
 from .errors import ConfigError, DivergenceError
 
 log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------ noise
+_NOISY = [
+    r".*does not have many workers.*", r".*smaller than the logging interval.*", r".*resuming from a checkpoint that ended.*",
+    r".*Checkpoint directory .* exists and is not empty.*", r".*`isinstance\(treespec, LeafSpec\)` is deprecated.*",
+    r".*Total length of `.*` across ranks is zero.*", r".*The `srun` command is available.*",
+    r".*It is recommended to use `self.log\(.*sync_dist=True.*", r".*You are using `torch.load` with `weights_only=False`.*",
+    r".*LeafSpec.*", r".*Found .* module\(s\) in eval mode.*",
+]
+
+
+def quiet_lightning():
+    """Silence Lightning's warnings that say nothing about this harness's runs."""
+    for pat in _NOISY:
+        warnings.filterwarnings("ignore", message=pat)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
+                 "lightning.fabric.utilities.seed", "lightning.pytorch.trainer.connectors.signal_connector"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 # ------------------------------------------------------------------------------------------------ precision
@@ -95,9 +114,7 @@ class LitGPT(pl.LightningModule):
         return d
 
     def setup(self, stage):
-        from .train import _quiet_lightning
-
-        _quiet_lightning()  # also in ddp_spawn workers
+        quiet_lightning()  # also in ddp_spawn workers
 
     def on_fit_start(self):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -181,45 +198,3 @@ class LitGPT(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["ablations"] = dict(self.ckpt_meta, step=int(self.global_step))
-
-
-# ------------------------------------------------------------------------------------------- checkpoints
-class AtomicCheckpoint(pl.Callback):
-    """Every `every_n_steps` optimizer steps and at the end: write `<dir>/last.ckpt` atomically (tmp + os.replace).
-
-    `trainer.save_checkpoint` is collective (every rank calls it; rank 0 writes)."""
-
-    def __init__(self, dirpath: str | Path, every_n_steps: int, metrics=None):
-        self.metrics = metrics
-        self.dirpath = Path(dirpath)
-        self.every = int(every_n_steps)
-        self._last_saved = -1
-
-    @property
-    def last_path(self) -> Path:
-        return self.dirpath / "last.ckpt"
-
-    def save(self, trainer: pl.Trainer):
-        step = trainer.global_step
-        if step == self._last_saved:
-            return
-        tmp = self.dirpath / f".last.ckpt.tmp-{os.getpid()}"
-        if trainer.is_global_zero:
-            self.dirpath.mkdir(parents=True, exist_ok=True)
-        trainer.strategy.barrier("ablations.ckpt.mkdir")
-        t0 = time.perf_counter()
-        trainer.save_checkpoint(tmp, weights_only=False)
-        if trainer.is_global_zero:
-            os.replace(tmp, self.last_path)
-        trainer.strategy.barrier("ablations.ckpt.replace")
-        self._last_saved = step
-        if self.metrics is not None:  # checkpoint time is not training time
-            self.metrics.pause(time.perf_counter() - t0)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = trainer.global_step
-        if self.every > 0 and step > 0 and step % self.every == 0 and step != self._last_saved:
-            self.save(trainer)
-
-    def on_train_end(self, trainer, pl_module):
-        self.save(trainer)

@@ -1,0 +1,124 @@
+"""Checkpoints: the resumable training state (`<checkpoint.dir>/<config hash>/last.ckpt`, written atomically by
+`AtomicCheckpoint`) and the final weights artifact (`checkpoints/final.ckpt`, format FINAL_FORMAT)."""
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from .errors import CheckpointError
+
+FINAL_FORMAT = "ablations-final-v1"
+
+
+def _one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"
+
+
+# what torch.load raises for a truncated / corrupt file, not a torch file, or an unsafe pickle
+_BAD_CHECKPOINT = (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError)
+
+
+def load_resumable(path: Path) -> dict:
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except _BAD_CHECKPOINT as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint of this harness "
+                              f"({_one_line(e)[:160]}): delete it, or start fresh with resume=null") from None
+    if not isinstance(ck, dict) or "state_dict" not in ck or "ablations" not in ck:
+        raise CheckpointError(f"checkpoint {path} is not a resumable checkpoint of this harness (no state_dict/"
+                              f"ablations record): resume from a <checkpoint.dir>/<hash>/last.ckpt, or use resume=null")
+    return ck
+
+
+def check_compatible(ck: dict, path: Path, lit, tok) -> None:
+    meta = ck["ablations"]
+    if meta.get("tokenizer_hash") != tok.hash:
+        raise CheckpointError(f"checkpoint {path} was trained with tokenizer {meta.get('tokenizer')!r} "
+                              f"(hash {str(meta.get('tokenizer_hash'))[:12]}), this config uses {tok.name} "
+                              f"(hash {tok.hash[:12]}): resume with the same tokenizer and data, or resume=null")
+    mine = {k: tuple(v.shape) for k, v in lit.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in ck["state_dict"].items()}
+    if mine != theirs:
+        diff = sorted(set(mine) ^ set(theirs)) or [k for k in mine if mine[k] != theirs[k]]
+        k = diff[0]
+        raise CheckpointError(f"checkpoint {path} does not match this model (first difference: {k} "
+                              f"{theirs.get(k)} vs {mine.get(k)}): resume with the config it was trained with, "
+                              f"or resume=null")
+
+
+def save_atomic(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_final_checkpoint(path) -> dict:
+    """Load a `checkpoints/final.ckpt` artifact (weights_only) and check its format."""
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except _BAD_CHECKPOINT as e:
+        raise CheckpointError(f"{path} is corrupt or not a checkpoint ({_one_line(e)[:160]})") from None
+    if not isinstance(ck, dict) or ck.get("format") != FINAL_FORMAT:
+        raise CheckpointError(f"{path} is not a final checkpoint of this harness (format {FINAL_FORMAT})")
+    return ck
+
+
+class AtomicCheckpoint(pl.Callback):
+    """Every `every_n_steps` optimizer steps and at the end: write `<dir>/last.ckpt` atomically (tmp + os.replace).
+
+    `trainer.save_checkpoint` is collective (every rank calls it; rank 0 writes)."""
+
+    def __init__(self, dirpath: str | Path, every_n_steps: int, metrics=None):
+        self.metrics = metrics
+        self.dirpath = Path(dirpath)
+        self.every = int(every_n_steps)
+        self._last_saved = -1
+
+    @property
+    def last_path(self) -> Path:
+        return self.dirpath / "last.ckpt"
+
+    def save(self, trainer: pl.Trainer):
+        step = trainer.global_step
+        if step == self._last_saved:
+            return
+        tmp = self.dirpath / f".last.ckpt.tmp-{os.getpid()}"
+        if trainer.is_global_zero:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+        trainer.strategy.barrier("ablations.ckpt.mkdir")
+        t0 = time.perf_counter()
+        trainer.save_checkpoint(tmp, weights_only=False)
+        if trainer.is_global_zero:
+            os.replace(tmp, self.last_path)
+        trainer.strategy.barrier("ablations.ckpt.replace")
+        self._last_saved = step
+        if self.metrics is not None:  # checkpoint time is not training time
+            self.metrics.pause(time.perf_counter() - t0)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if self.every > 0 and step > 0 and step % self.every == 0 and step != self._last_saved:
+            self.save(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        self.save(trainer)
+
+
+def final_checkpoint(model, model_dict: dict, tok, config_yaml: str, step: int, run_id: str) -> dict:
+    """The `checkpoints/final.ckpt` artifact: weights, model config and tokenizer identity (loads weights_only)."""
+    return {"format": FINAL_FORMAT, "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "model_config": model_dict, "tokenizer": tok.identity(), "tokenizer_hash": tok.hash,
+            "config_yaml": config_yaml, "step": step, "run_id": run_id}
