@@ -25,6 +25,7 @@ steps per variant, for a dry run).
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -595,45 +596,45 @@ USAGE = ("python -m ablations.bench [hydra overrides] [--json PATH] [--mlflow] [
          f"sections: {','.join(SECTIONS)}")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and a non-zero exit, like every command of the harness
+        raise SystemExit(f"ablations.bench: {message}; usage: {USAGE}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m ablations.bench", usage=USAGE, add_help=False)
+    p.add_argument("-h", "--help", action="store_true")
+    p.add_argument("--json", type=Path, default=Path("bench.json"))
+    p.add_argument("--mlflow", action="store_true")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-compile", dest="no_compile", action="store_true")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--contexts", type=lambda v: [int(c) for c in v.split(",")])
+    p.add_argument("--new-tokens", dest="new_tokens", type=int)
+    p.add_argument("--inference-dtype", dest="inference_dtype", default="fp32")
+    p.add_argument("--peak-flops", dest="peak_flops", type=float)
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--window", type=float)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--only")
+    p.add_argument("--skip")
+    return p
+
+
 def parse_args(argv: list[str]) -> tuple[list[str], list[str], dict]:
-    overrides, sections = [], list(SECTIONS)
-    opts = {"json": Path("bench.json"), "mlflow": False, "quick": False, "threads": None, "device": "cpu",
-            "contexts": None, "new_tokens": None, "no_compile": False, "inference_dtype": "fp32",
-            "peak_flops": None, "rounds": None, "window": None, "steps": None}
-    valued = {"--json": ("json", Path), "--threads": ("threads", int), "--device": ("device", str),
-              "--contexts": ("contexts", lambda s: [int(c) for c in s.split(",")]),
-              "--new-tokens": ("new_tokens", int), "--inference-dtype": ("inference_dtype", str),
-              "--peak-flops": ("peak_flops", float), "--rounds": ("rounds", int), "--window": ("window", float),
-              "--steps": ("steps", int)}
-    flags = {"--mlflow": "mlflow", "--quick": "quick", "--no-compile": "no_compile"}
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a in ("-h", "--help"):
-            raise SystemExit(USAGE)
-        if a in valued or a in ("--only", "--skip"):
-            if i + 1 >= len(argv):
-                raise SystemExit(f"ablations.bench: {a} needs a value; usage: {USAGE}")
-            v = argv[i + 1]
-            if a == "--only":
-                sections = v.split(",")
-            elif a == "--skip":
-                sections = [s for s in sections if s not in v.split(",")]
-            else:
-                key, conv = valued[a]
-                try:
-                    opts[key] = conv(v)
-                except ValueError:
-                    raise SystemExit(f"ablations.bench: bad value {v!r} for {a}; usage: {USAGE}") from None
-            i += 2
-            continue
-        if a in flags:
-            opts[flags[a]] = True
-        elif a.startswith("--"):
-            raise SystemExit(f"ablations.bench: unknown option {a!r}; usage: {USAGE}")
-        else:
-            overrides.append(a)
-        i += 1
+    """-> (Hydra overrides, sections to run, options). Anything that is not an option is a Hydra override."""
+    ns, rest = _parser().parse_known_args(argv)
+    if ns.help:
+        raise SystemExit(USAGE)
+    unknown = [a for a in rest if a.startswith("-")]
+    if unknown:
+        raise SystemExit(f"ablations.bench: unknown option {unknown[0]!r}; usage: {USAGE}")
+    overrides = list(rest)
+    sections = ns.only.split(",") if ns.only else list(SECTIONS)
+    if ns.skip:
+        sections = [s for s in sections if s not in ns.skip.split(",")]
+    opts = {k: v for k, v in vars(ns).items() if k not in ("help", "only", "skip")}
     bad = [s for s in sections if s not in SECTIONS]
     if bad:
         raise SystemExit(f"ablations.bench: unknown section {bad[0]!r}; choose from {','.join(SECTIONS)}")
