@@ -52,6 +52,7 @@ def _facts(model) -> dict:
         "norm.qk_norm": bool(c.norm.qk_norm), "mlp": c.mlp.name, "attention": c.attention.name,
         "bias": bool(c.bias), "mlp.approximate": getattr(c.mlp, "approximate", None),
         "attention.latent_norm": bool(getattr(c.attention, "latent_norm", False)),
+        "position.scaling": (getattr(c.position, "scaling", None) or {}).get("name"),
         "hidden": mlp.c_proj.in_features, "n_embd": c.n_embd, "head_size": c.n_embd // c.n_head,
     }
     if hasattr(attn, "c_attn"):
@@ -63,6 +64,11 @@ def _facts(model) -> dict:
     return f
 
 
+def _show(v) -> str:
+    """A value as it is written on the command line (true/false/null)."""
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
 def _needs(f: dict, **want) -> list[str]:
     """The settings of f that differ from want (a value, or a tuple of allowed values)."""
     out = []
@@ -70,13 +76,11 @@ def _needs(f: dict, **want) -> list[str]:
         key = key.replace("__", ".")
         ok = allowed if isinstance(allowed, tuple) else (allowed,)
         if f.get(key) not in ok:
-            shown = "|".join(str(a).lower() if isinstance(a, bool) else str(a) for a in ok)
-            got = f.get(key)
-            out.append(f"{key}={shown} (got {str(got).lower() if isinstance(got, bool) else got})")
+            out.append(f"{key}={'|'.join(_show(a) for a in ok)} (got {_show(f.get(key))})")
     return out
 
 
-PRE = dict(norm__placement="pre")
+PRE = dict(norm__placement="pre", position__scaling=None)  # rope's context scaling is not exported (yet)
 ARCHS = {
     "GPT-2": lambda f: _needs(f, position="learned", norm="layernorm", norm__qk_norm=False, mlp="gelu",
                               mlp__approximate="tanh", attention="mha", **PRE),
@@ -103,9 +107,9 @@ def architecture(model) -> str:
     fits = [name for name, m in misses.items() if not m]
     if fits:
         return fits[0]
-    closest = min(misses, key=lambda n: len(misses[n]))  # dict order breaks ties: GPT-2 first
-    raise ExportError(f"no Hugging Face architecture fits this model: the closest, {closest}, needs "
-                      f"{', '.join(misses[closest])}")
+    fewest = min(len(m) for m in misses.values())
+    closest = [f"{name} needs {', '.join(m)}" for name, m in misses.items() if len(m) == fewest]
+    raise ExportError(f"no Hugging Face architecture fits this model; the closest: {'; '.join(closest)}")
 
 
 # ------------------------------------------------------------------------------------------ config + weights
@@ -268,8 +272,8 @@ def _bytes_to_unicode() -> dict[int, str]:
     return out
 
 
-def hf_tokenizer(tok):
-    """Our tokenizer as a transformers fast tokenizer with identical ids."""
+def hf_tokenizer(tok, max_length: int | None = None):
+    """Our tokenizer as a transformers fast tokenizer with identical ids (max_length: the model's context)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -286,8 +290,8 @@ def hf_tokenizer(tok):
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copy(enc, Path(tmp) / "vocab.json")
             shutil.copy(bpe, Path(tmp) / "merges.txt")
-            return GPT2TokenizerFast(vocab_file=str(Path(tmp) / "vocab.json"),
-                                     merges_file=str(Path(tmp) / "merges.txt"))
+            kw = {} if max_length is None else {"model_max_length": max_length}
+            return GPT2TokenizerFast.from_pretrained(tmp, **kw)  # reads vocab.json + merges.txt
     if tok.name == "byte":
         b2u = _bytes_to_unicode()
         vocab = {b2u[b]: b for b in range(256)}  # the id of a byte is its value
@@ -302,7 +306,8 @@ def hf_tokenizer(tok):
     else:
         raise ExportError(f"tokenizer {tok.name!r} has no Hugging Face export: use tokenizer=byte|char|gpt2")
     # lm_eval pads with eos; without one it would add a token the model has no row for
-    return PreTrainedTokenizerFast(tokenizer_object=t, eos_token=special, pad_token=special)
+    kw = {} if max_length is None else {"model_max_length": max_length}
+    return PreTrainedTokenizerFast(tokenizer_object=t, eos_token=special, pad_token=special, **kw)
 
 
 # -------------------------------------------------------------------------------------------------- export
@@ -327,7 +332,7 @@ def export(model, tok, out) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     hf.config.architectures = [type(hf).__name__]
     hf.save_pretrained(out)  # config.json + model.safetensors
-    hf_tokenizer(tok).save_pretrained(out)
+    hf_tokenizer(tok, model.config.block_size).save_pretrained(out)
     meta = {"architecture": arch, "max_abs_logit_diff": diff, "tokenizer": tok.name,
             "files": sorted(p.name for p in out.iterdir())}
     return meta
