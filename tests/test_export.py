@@ -158,7 +158,7 @@ def test_refused_run_exits_2_with_one_line(llama_run, tmp_path, capsys):
     """A post-norm checkpoint, logged like a harness run (the real run's checkpoint with the model swapped)."""
     from mlflow import MlflowClient
 
-    from ablations.train import load_final_checkpoint
+    from ablations.checkpoints import load_final_checkpoint
 
     _, uri, run_id = llama_run
     c = MlflowClient(tracking_uri=uri)
