@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The context extrapolation study (issue 13): train six position schemes at context 64 (experiment=extrapolation:
+# tinyshakespeare char, small-cpu, same budget, 3 seeds), evaluate every run at 64/128/256/512 tokens in both modes
+# (non-overlapping and sliding windows), evaluate rope with each position.scaling, then write the report.
+#
+#   scripts/extrapolation_study.sh            # train + evaluate into $EXTRAPOLATION_STORE/mlflow.db (default
+#                                             # study/extrapolation/), then write reports/extrapolation/report/
+#   scripts/extrapolation_study.sh --report   # only regenerate reports/extrapolation/report/ from the store; without
+#                                             # one it uses the committed reports/extrapolation/mlflow.db.gz
+#
+# The store's metrics, params and tags (no checkpoint artifacts) are committed as reports/extrapolation/mlflow.db.gz.
+# Offline, point the corpus at a local copy with ABLATIONS_SHAKESPEARE_PATH. One thread per process by default.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+report_only=0
+if [[ "${1:-}" == "--report" ]]; then report_only=1; fi
+store=$(mkdir -p "${EXTRAPOLATION_STORE:-study/extrapolation}" && cd "${EXTRAPOLATION_STORE:-study/extrapolation}" && pwd)
+gz=reports/extrapolation/mlflow.db.gz
+uri="sqlite:///$store/mlflow.db"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+contexts="[64,128,256,512]"
+max_tokens=8192   # the first 8192 targets of the val split, the same for every run and context
+if [[ $report_only == 0 ]]; then
+  (cd "$store" && MLFLOW_TRACKING_URI="$uri" \
+    python -m ablations.run -m experiment=extrapolation trainer.enable_progress_bar=false)
+  # finished runs of the experiment: "<run id> <position>" per line
+  runs=$(MLFLOW_TRACKING_URI="$uri" python -c "
+from mlflow import MlflowClient
+cl = MlflowClient()
+exp = cl.get_experiment_by_name('extrapolation')
+for r in cl.search_runs([exp.experiment_id], \"attributes.status = 'FINISHED'\", order_by=['attributes.start_time']):
+    print(r.info.run_id, r.data.tags['choice.position'])")
+  while read -r run position; do
+    ctx=$contexts
+    if [[ $position == learned ]]; then ctx="[64]"; fi   # a table of 64 positions: nothing past it to evaluate
+    for mode in nonoverlap sliding; do
+      python -m ablations.evaluate run_id="$run" tracking.uri="$uri" threads=1 eval.mode=$mode \
+        eval.contexts="$ctx" eval.max_tokens=$max_tokens
+      if [[ $position == rope ]]; then
+        for scaling in "{name: linear, factor: 4}" "{name: ntk, factor: 4}" "{name: yarn, factor: 4, original_max: 64}"; do
+          python -m ablations.evaluate run_id="$run" tracking.uri="$uri" threads=1 eval.mode=$mode \
+            eval.contexts="$ctx" eval.max_tokens=$max_tokens position.scaling="$scaling"
+        done
+      fi
+    done
+  done <<< "$runs"
+  # a compact copy of the store (no artifacts) beside the report
+  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
+    "$store/mlflow.db" "$store/mlflow.compact.db"
+  mkdir -p reports/extrapolation
+  gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+elif [[ ! -f "$store/mlflow.db" ]]; then
+  gunzip -c "$gz" > "$store/mlflow.db"
+fi
+rm -rf reports/extrapolation/report
+MLFLOW_TRACKING_URI="$uri" python -m analysis.report extrapolation --out reports/extrapolation/report
