@@ -535,12 +535,16 @@ def scaling_analysis(data: Prepared) -> Scaling:
     """Fit L(C) per arm when the baseline's arm has runs at >= 3 training-compute values; else say why not."""
     inc = data.runset.included
     compute = scaling.run_compute(inc, data.hist)
-    points = pd.DataFrame({"arm": inc["variant"].map(scaling.arm_of).to_numpy(), "variant": inc["variant"].to_numpy(),
+    arms = inc["variant"].map(scaling.arm_of)
+    if "verdict.arm" in inc:  # runs of the verdict protocol name their arm
+        arms = inc["verdict.arm"].where(inc["verdict.arm"].notna(), arms)
+    points = pd.DataFrame({"arm": arms.to_numpy(), "variant": inc["variant"].to_numpy(),
                            "seed": inc["seed"].to_numpy(), "compute": compute.reindex(inc["run_id"]).to_numpy(),
                            SCALING_METRIC: inc[SCALING_METRIC].astype(float).to_numpy()})
     missing = int(points["compute"].isna().sum())
     points = points[np.isfinite(points["compute"].astype(float))]
-    base_arm = scaling.arm_of(data.baseline)
+    base_arm = points.loc[points["variant"] == data.baseline, "arm"].iloc[0] if \
+        (points["variant"] == data.baseline).any() else scaling.arm_of(data.baseline)
     levels = points.loc[points["arm"] == base_arm, "compute"].nunique()
     if levels < scaling.MIN_LEVELS:
         why = (f"skipped: the baseline arm `{base_arm}` has runs at {levels} distinct training-compute value(s); a "

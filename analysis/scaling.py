@@ -1,7 +1,8 @@
 """Scaling fits L(C) = E + A * C^(-alpha) of final loss against training compute, and compute multipliers.
 
-An *arm* is a variant without its ladder overrides (model size, steps): `model=baby norm=rmsnorm` and
-`model=tiny norm=rmsnorm` are two rungs of the arm `norm=rmsnorm`. Compute is the training FLOPs a run spent:
+An *arm* is a run's `verdict.arm` tag when the run frame has one, else its variant without its ladder overrides
+(model size, steps, FLOP budget, lr): `model=baby norm=rmsnorm` and `model=tiny norm=rmsnorm` are two rungs of the
+arm `norm=rmsnorm`. Compute is the training FLOPs a run spent:
 `flops_per_token` (the harness's 6N + attention estimate) times the tokens it trained on (the last `tokens_seen`).
 
 The fit is least squares in the loss, in the parametrisation (E, log A', alpha) with A' = A * C_ref^(-alpha) and
@@ -22,8 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-# Overrides that move a run along the compute ladder rather than define the architecture.
-LADDER_WORD = re.compile(r"^(model|model\.(n_layer|n_head|n_embd|n_kv_head)|trainer\.max_steps)=")
+# Overrides that move a run along the compute ladder (size, steps, FLOP budget) or are re-tuned at every rung (lr)
+# rather than define the architecture.
+LADDER_WORD = re.compile(r"^(model|model\.(n_layer|n_head|n_embd|n_kv_head)|trainer\.max_steps|trainer\.budget\.flops"
+                         r"|optim\.lr)=")
 ALPHA_STARTS = (0.05, 0.2, 0.5, 1.2)
 E_START_FRACTIONS = (0.0, 0.5, 0.9)
 ALPHA_BOUNDS = (1e-3, 3.0)

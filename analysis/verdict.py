@@ -104,7 +104,8 @@ def add_verdicts(table: pd.DataFrame, included: pd.DataFrame, baseline: str | No
     table = table.copy()
     cols = [f"p_holm_{metric}", f"p_tost_{metric}", f"p_tost_holm_{metric}", f"tost_ci_low_{metric}",
             f"tost_ci_high_{metric}", f"boot_ci_low_{metric}", f"boot_ci_high_{metric}"]
-    base = included.loc[included["variant"] == baseline, metric].astype(float) if baseline else pd.Series([], dtype=float)
+    base = included.loc[included["variant"] == baseline, metric].astype(float) if baseline else \
+        pd.Series([], dtype=float)
     m = choose_margin(base, margin, metric) if baseline else Margin(math.nan, "none: no baseline")
     table["margin"] = m.value
     for c in cols:

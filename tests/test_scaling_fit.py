@@ -79,7 +79,8 @@ def test_arm_of_drops_ladder_overrides():
     assert arm_of("model=baby norm=rmsnorm") == "norm=rmsnorm"
     assert arm_of("model.n_layer=8 trainer.max_steps=400 mlp=swiglu") == "mlp=swiglu"
     assert arm_of("model=tiny") == "baseline"
-    assert arm_of("norm=rmsnorm optim.lr=0.001") == "norm=rmsnorm optim.lr=0.001"
+    assert arm_of("model.n_layer=2 trainer.budget.flops=5.84e+11 position=rope optim.lr=0.006") == "position=rope"
+    assert arm_of("norm=rmsnorm optim.weight_decay=0.1") == "norm=rmsnorm optim.weight_decay=0.1"
 
 
 def test_scaling_table_rows():
