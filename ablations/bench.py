@@ -131,8 +131,7 @@ def compose(overrides: list[str]):
 def build_model(model_cfg: dict, device: str = "cpu"):
     from modules.gpt import GPT
 
-    cfg = {k: v for k, v in model_cfg.items() if not k.startswith("_")}
-    return GPT(**cfg).to(device)
+    return GPT.from_config(model_cfg).to(device)
 
 
 def _model_dict(cfg) -> dict:
@@ -141,7 +140,7 @@ def _model_dict(cfg) -> dict:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     if model.get("vocab_size") is None:  # char tokenizer: vocabulary size is only known after reading the corpus
         model["vocab_size"] = 65
-    return {k: v for k, v in model.items() if not k.startswith("_")}
+    return model
 
 
 def training_batches(vocab_size: int, batch_size: int, T: int, n: int, seed: int = 0) -> tuple[torch.Tensor, str]:

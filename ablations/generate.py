@@ -11,20 +11,32 @@ import os
 import sys
 import tempfile
 
-DEFAULTS = {"run_id": None, "prompt": "\n", "temperature": 0.8, "top_k": 50, "top_p": None, "max_new_tokens": 200,
-            "seed": 0, "num_samples": 1, "tokenizer": None, "tracking.uri": None, "device": "cpu"}
+from pathlib import Path
+
+# prompt, temperature, top_k, top_p, max_new_tokens: the `generate:` block of conf/config.yaml (also what a training
+# run samples its sample.txt with); the rest are this command's own.
+_CONF = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
+SAMPLING = ("prompt", "temperature", "top_k", "top_p", "max_new_tokens")
+
+
+def defaults() -> dict:
+    from omegaconf import OmegaConf
+
+    g = OmegaConf.load(_CONF).generate
+    return {"run_id": None, **{k: g[k] for k in SAMPLING}, "seed": 0, "num_samples": 1, "tokenizer": None,
+            "tracking.uri": None, "device": "cpu"}
 
 
 def parse_args(argv: list[str]) -> dict:
     from .errors import ConfigError
 
-    opts = dict(DEFAULTS)
+    opts = defaults()
     for a in argv:
         if "=" not in a:
             raise ConfigError(f"argument {a!r} is not key=value: use e.g. run_id=<id> prompt=\"ROMEO:\"")
         k, v = a.split("=", 1)
         if k not in opts:
-            raise ConfigError(f"unknown option {k!r}: valid options are {', '.join(DEFAULTS)}")
+            raise ConfigError(f"unknown option {k!r}: valid options are {', '.join(opts)}")
         opts[k] = v
     if not opts["run_id"]:
         raise ConfigError("run_id=<MLflow run id> is required (the summary line of ablations.run prints it)")
@@ -85,7 +97,7 @@ def load_run(run_id: str, uri: str, tokenizer_name: str | None = None):
         raise TokenizerError(f"the {tok.name} tokenizer here (hash {tok.hash[:12]}) differs from the checkpoint's "
                              f"({str(ck.get('tokenizer_hash'))[:12]}): use the tokenizer files the run used")
     try:
-        model = GPT(**ck["model_config"])
+        model = GPT.from_config(ck["model_config"])
         model.load_state_dict(ck["state_dict"])
     except (RuntimeError, ValueError, TypeError) as e:  # shape/key mismatch, an invalid or unknown config field
         raise CheckpointError(f"run {run_id}: the checkpoint does not load into modules.gpt.GPT "

@@ -74,7 +74,7 @@ def check_group_overrides(argv: list[str], conf_dir: Path = CONF_DIR) -> str | N
         gdir = conf_dir / key
         if "." in key or not gdir.is_dir() or any(c in val for c in "()[]*$"):
             continue
-        valid = sorted(p.stem for p in gdir.glob("*.yaml"))
+        valid = sorted(p.stem for p in gdir.glob("*.yaml") if not p.stem.startswith("_"))  # _gpt: a base
         for v in val.split(","):
             v = v.strip()
             if v and v != "null" and v not in valid:

@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import tracking as trk
+from .budget import budget_flops, steps_for_budget
 from .checkpoints import (AtomicCheckpoint, check_compatible, final_checkpoint, load_final_checkpoint, load_resumable,  # noqa: F401
                           save_atomic)
 from .data import TokenDataModule, check_windows, prepare_data
@@ -81,27 +82,16 @@ def _check_cfg(cfg: DictConfig) -> None:
 
 
 def _build_model(cfg: DictConfig):
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
+    """The GPT of `cfg.model` (Hydra's `_target_` keys are ignored), validated by modules.config."""
+    from modules.gpt import GPT
 
     try:
-        return instantiate(cfg.model)
-    except InstantiationException as e:
-        cause = e.__cause__ or e
-        msg = str(cause).splitlines()[0] if str(cause) else repr(cause)
-        raise ConfigError(f"model: {msg}") from None
-    except ValueError as e:
+        return GPT.from_config(OmegaConf.to_container(cfg.model, resolve=True))
+    except ValueError as e:  # ConfigError (a ValueError): names the field, its value and what would be valid
         raise ConfigError(f"model: {e}") from None
 
 
-def _model_dict(cfg: DictConfig) -> dict:
-    d = OmegaConf.to_container(cfg.model, resolve=True)
-    for k in ("_target_", "_convert_", "_recursive_", "_partial_"):
-        d.pop(k, None)
-    return d
-
-
-def _accounting(cfg_model: dict, inference_dtype) -> dict:
+def _accounting(cfg_model, inference_dtype) -> dict:
     from modules import accounting as acc
 
     pc = acc.param_counts(cfg_model)
@@ -184,6 +174,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
     job = _compose(cfg)                 # 1. the config, checked; threads; the tracking store reachable
     _data(job)                          # 2. corpus and tokenizer (cached)
     _model(job)                         # 3. the model, its precision, accounting and peak FLOP/s
+    _budget(job)                        # 3b. a compute budget (trainer.budget) sets trainer.max_steps
     _resume(job)                        # 4. checkpoint dir; the checkpoint to resume from, checked
     _trainer(job, callbacks)            # 5. the Lightning Trainer (a bad trainer.* value leaves nothing behind)
     if job.is_main:
@@ -239,7 +230,7 @@ def _model(job: _Job) -> None:
     cfg = job.cfg
     seed_all(int(cfg.seed))  # model init depends on the seed only (see ablations.repro)
     job.model = _build_model(cfg)
-    job.model_dict = _model_dict(cfg)
+    job.model_dict = job.model.config.to_dict()  # the complete, validated config: GPT.from_config rebuilds it
     job.accel = accel = resolve_accelerator(cfg.trainer.get("accelerator", "auto"))
     if accel == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"trainer.accelerator={cfg.trainer.get('accelerator')} but no CUDA device is available: "
@@ -247,7 +238,7 @@ def _model(job: _Job) -> None:
     job.precision, job.precision_why = resolve_precision(cfg.trainer.get("precision", "auto"), accel)
     bf16 = job.precision.startswith("bf16")
     job.infer_dtype = torch.bfloat16 if bf16 else (torch.float16 if job.precision.startswith("16") else torch.float32)
-    job.acct = _accounting(job.model_dict, job.infer_dtype)
+    job.acct = _accounting(job.model.config, job.infer_dtype)
     if cfg.tracking.get("peak_flops"):
         peak, job.peak_src = float(cfg.tracking.peak_flops), "configured"
     else:
@@ -257,6 +248,18 @@ def _model(job: _Job) -> None:
     n_dev = devices if isinstance(devices, int) and devices > 0 else 1
     job.world = n_dev * int(cfg.trainer.get("num_nodes", 1))
     job.peak_total = peak * (job.world if accel == "cuda" else 1)
+
+
+def _budget(job: _Job) -> None:
+    """trainer.budget.flops / tokens_per_param -> trainer.max_steps from this model's own FLOPs per token, so arms
+    and sizes are compared at matched compute (ablations/budget.py); logged as the metric budget_flops."""
+    cfg = job.cfg
+    flops = budget_flops(cfg.trainer.get("budget"), job.model.config)
+    if flops is None:
+        return
+    accum = int(cfg.trainer.get("accumulate_grad_batches", 1))
+    cfg.trainer.max_steps = steps_for_budget(flops, job.model.config, int(cfg.data.batch_size), accum, job.world)
+    job.acct["budget_flops"] = flops
 
 
 def _resume(job: _Job) -> None:
@@ -297,6 +300,7 @@ def _trainer(job: _Job, callbacks) -> None:
     ckpt_cb = AtomicCheckpoint(job.ckpt_dir, int(cfg.checkpoint.get("every_n_steps", 100)), job.metrics_cb)
     tk = OmegaConf.to_container(cfg.trainer, resolve=True)
     tk["precision"] = job.precision
+    tk.pop("budget", None)  # ours, not Lightning's: already turned into max_steps
     if tk.get("limit_val_batches") is None:
         tk.pop("limit_val_batches", None)
     tk.update(logger=False, enable_checkpointing=False, num_sanity_val_steps=0, check_val_every_n_epoch=None,

@@ -202,6 +202,14 @@ def _build(cls, what: str, name: str, args: dict[str, Any], notes: list[str]):
         raise SweepError(f"sweep.{what} '{name}': {e}") from None
 
 
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler in our ask/tell loop: the study's trial budget (sweep.n_trials) ends the loop, and
+    study.stop(), which the grid sampler calls once the grid is exhausted, only works inside study.optimize."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
+
+
 def make_sampler(settings: SweepSettings, notes: list[str] | None = None) -> optuna.samplers.BaseSampler:
     notes = [] if notes is None else notes
     args = dict(settings.sampler)
@@ -226,7 +234,7 @@ def make_sampler(settings: SweepSettings, notes: list[str] | None = None) -> opt
                 raise SweepError(f"sweep.sampler=grid needs categorical parameters; {not_categorical[0]} is not "
                                  f"(give it `choices: [...]`)")
             grid = {p.key: list(p.distribution.choices) for p in settings.space.params}
-            return _build(optuna.samplers.GridSampler, "sampler", name, {"search_space": grid, **args}, notes)
+            return _build(_GridSampler, "sampler", name, {"search_space": grid, **args}, notes)
     raise SweepError(f"sweep.sampler={name!r}: valid samplers: tpe, nsga2, random, grid")
 
 
@@ -399,7 +407,6 @@ class Sweep:
         self.conf_dir = Path(conf_dir)
         self.train_fn = train_fn
         self.user_overrides = list(overrides)
-        self._validate_warned = False
         parsed = _parse_overrides(self.user_overrides)
         for o in parsed:
             if o.is_sweep_override():
@@ -426,25 +433,18 @@ class Sweep:
         return compose_run(overrides)
 
     def validate_model(self, cfg: DictConfig) -> None:
-        """Raise ValueError for an invalid model config (before any weights, data or MLflow run exist)."""
-        try:
-            from modules.config import build_config
-        except ImportError:
-            return
+        """Raise ValueError (modules' ConfigError) for an invalid model config, before any weights, data or MLflow
+        run exist."""
+        from modules.config import GPTConfig
+
         probe = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
         try:
             vocab = OmegaConf.select(cfg, "model.vocab_size", default=None, throw_on_missing=False)
-        except Exception:
+        except OmegaConfBaseException:  # an interpolation that cannot resolve yet
             vocab = None
         with open_dict(probe):
             probe.model.vocab_size = vocab if isinstance(vocab, int) else 256  # char tokenizer: known at run time
-        kwargs = {k: v for k, v in OmegaConf.to_container(probe.model, resolve=True).items() if not k.startswith("_")}
-        try:
-            build_config(**kwargs)
-        except TypeError as e:
-            if not self._validate_warned:
-                self._validate_warned = True
-                print(f"warning: cannot validate model configs before training ({_short(e)})", file=sys.stderr)
+        GPTConfig.from_dict(OmegaConf.to_container(probe.model, resolve=True))
 
     # -- main
     def run(self) -> int:

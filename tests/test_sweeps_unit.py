@@ -163,7 +163,7 @@ def test_user_override_pins_a_searched_key(tmp_path, monkeypatch, capsys):
     (["sweep=lr", "sweep.storage=nosuchdb://x"], "cannot open Optuna storage nosuchdb://x"),
     (["sweep=lr", "sweep.storage=not a url"], "bad storage URL"),
     (["sweep=lr", "sweep.storage=postgresql://u:pw@127.0.0.1:1/x"], "cannot open Optuna storage postgresql://u:***@"),
-    (["sweep=lr", "norm=nonorm"], "available options in 'norm': layernorm, rmsnorm"),
+    (["sweep=lr", "norm=nonorm"], "available options in 'norm': dyt, layernorm, rmsnorm"),
     (["sweep=lr", "norm=layernorm,rmsnorm"], "is a Hydra multirun sweep"),
     (["sweep=lr", "sweep.pruner.name=asha"], "valid pruners: median, hyperband, none"),
     (["sweep=lr", "sweep.sampler.name=cma"], "valid samplers: tpe, nsga2, random"),
