@@ -131,7 +131,8 @@ class MetricsCallback(pl.Callback):
             m = {"train/loss": pl_module.pop_train_loss(), "lr": trainer.optimizers[0].param_groups[0]["lr"],
                  "grad_norm": float(gn) if gn is not None else None, "tokens_per_sec": tps,
                  "mfu": self.flops_per_token * tps / self.peak_flops if self.peak_flops > 0 else None,
-                 "tokens_seen": self.tokens_seen, "elapsed_sec": self.elapsed_sec}
+                 "tokens_seen": self.tokens_seen, "flops_seen": self.tokens_seen * self.flops_per_token,
+                 "elapsed_sec": self.elapsed_sec}
             self._log(trainer, m, step)
             self.flush(trainer)
             if self._steady_t0 is None:  # the first window holds start-up costs: final_tokens_per_sec skips it
@@ -165,7 +166,8 @@ class MetricsCallback(pl.Callback):
             # a validation off the logging cadence (e.g. trainer.max_time stopped the run): give it its own
             # clock and token count, so loss-against-time curves and time-to-quality can read it
             self.elapsed_sec = self._elapsed0 + (now - self._fit_t0 - self._session_paused)
-            m.update(elapsed_sec=self.elapsed_sec, tokens_seen=self.tokens_seen)
+            m.update(elapsed_sec=self.elapsed_sec, tokens_seen=self.tokens_seen,
+                     flops_seen=self.tokens_seen * self.flops_per_token)
         self._log(trainer, m, step)
         self.flush(trainer)
 

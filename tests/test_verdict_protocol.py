@@ -1,0 +1,110 @@
+"""The verdict protocol end to end at tiny size: python -m sweeps.verdict on SQLite storage, read back from MLflow
+and Optuna; re-running continues instead of repeating; bad protocol input fails in one line."""
+import math
+
+import optuna
+import pytest
+
+from test_harness_run import run_cli, tiny_args
+
+ARMS = "verdict.arms={learned:{family:positions,overrides:['position=learned']},rope:{family:positions,overrides:['position=rope']}}"
+SIZES = ("verdict.sizes=[{name:a,budget_flops:1.5e8,overrides:['model.n_embd=16']},"
+         "{name:b,budget_flops:3.0e8,overrides:['model.n_embd=24']},"
+         "{name:c,budget_flops:5.0e8,overrides:['model.n_embd=32']}]")
+
+
+def verdict_args(cwd, shakespeare_path, *extra):
+    base = [a for a in tiny_args(shakespeare_path, **{"tracking.uri": f"sqlite:///{cwd}/mlflow.db", "threads": 1})
+            if not a.startswith("trainer.max_steps=")]  # the budget sets the steps
+    return ["verdict.name=tinyverdict", ARMS, SIZES, "verdict.lr.grid=[0.002,0.02]", "verdict.seeds=1",
+            "verdict.seeds_largest=2", f"verdict.storage=sqlite:///{cwd}/optuna.db", *base, *extra]
+
+
+def _runs(cwd):
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{cwd}/mlflow.db")
+    exp = c.get_experiment_by_name("tinyverdict")
+    return c, ([] if exp is None else c.search_runs([exp.experiment_id], max_results=1000))
+
+
+@pytest.fixture(scope="module")
+def protocol(tmp_path_factory, shakespeare_path):
+    cwd = tmp_path_factory.mktemp("verdict") / "job"
+    first = run_cli(cwd, verdict_args(cwd, shakespeare_path), module="sweeps.verdict", timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:] + first.stdout[-3000:]
+    _, runs_after_first = _runs(cwd)
+    again = run_cli(cwd, verdict_args(cwd, shakespeare_path), module="sweeps.verdict", timeout=900)
+    return cwd, first, again, runs_after_first
+
+
+def test_every_stage_ran_and_is_tagged(protocol):
+    cwd, first, _, _ = protocol
+    c, runs = _runs(cwd)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    by = {}
+    for r in runs:
+        t = r.data.tags
+        assert t["verdict.protocol"] == "tinyverdict" and t["verdict.family"] == "positions"
+        assert t["verdict.baseline"] == "learned"
+        by.setdefault((t["verdict.size"], t["verdict.arm"], t["verdict.stage"]), []).append(r)
+    for size, n_seeds in (("a", 1), ("b", 1), ("c", 2)):  # seeds_largest at the last size
+        for arm in ("learned", "rope"):
+            lr_runs, seed_runs = by[(size, arm, "lr")], by[(size, arm, "seeds")]
+            assert sorted(float(r.data.params["optim.lr"]) for r in lr_runs) == [0.002, 0.02]  # the grid, once each
+            assert {r.data.tags["seed"] for r in lr_runs} == {"0"}
+            # the seeds never reuse the lr stage's seed (its winner is biased low), and run at the best lr
+            assert sorted(r.data.tags["seed"] for r in seed_runs) == [str(s) for s in range(1, n_seeds + 1)]
+            best = min(lr_runs, key=lambda r: r.data.metrics["final_val_bpb"])
+            assert {r.data.params["optim.lr"] for r in seed_runs} == {best.data.params["optim.lr"]}
+            assert {r.data.tags["verdict.lr"] for r in seed_runs} == {f"{float(best.data.params['optim.lr']):g}"}
+    assert len(runs) == 3 * 2 * 2 + (1 + 1 + 2) * 2
+    assert "report: python -m analysis.report tinyverdict" in first.stdout
+
+
+def test_steps_follow_each_runs_compute_budget(protocol):
+    cwd, _, _, _ = protocol
+    _, runs = _runs(cwd)
+    steps = {}
+    for r in runs:
+        budget = float(r.data.tags["verdict.budget_flops"])
+        assert float(r.data.params["trainer.budget.flops"]) == budget
+        per_step = 8 * 32 * r.data.metrics["flops_per_token"]  # data.batch_size * block_size * FLOPs/token
+        assert int(r.data.params["trainer.max_steps"]) == math.floor(budget / per_step)
+        assert r.data.metrics["budget_flops"] == budget
+        # spent compute never exceeds the budget, and misses it by less than one step
+        assert budget - per_step < r.data.metrics["flops_seen"] <= budget
+        steps[r.data.tags["verdict.size"]] = r.data.metrics["flops_per_token"]
+    assert len(set(steps.values())) == 3  # the sizes really are different models
+
+
+def test_optuna_studies_hold_the_lr_stages(protocol):
+    cwd, _, _, _ = protocol
+    storage = f"sqlite:///{cwd}/optuna.db"
+    names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage))
+    assert names == sorted(f"tinyverdict.{s}.{a}.lr" for s in "abc" for a in ("learned", "rope"))
+    for name in names:
+        trials = optuna.load_study(study_name=name, storage=storage).get_trials()
+        assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+        assert sorted(t.params["optim.lr"] for t in trials) == [0.002, 0.02]
+
+
+def test_rerun_continues_without_repeating(protocol):
+    cwd, _, again, before = protocol
+    assert again.returncode == 0, again.stderr[-3000:]
+    _, after = _runs(cwd)
+    assert sorted(r.info.run_id for r in after) == sorted(r.info.run_id for r in before)
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ("verdict.baseline=alibi", "verdict.baseline='alibi'"),
+    ("verdict.lr.grid=[]", "verdict.lr.grid=[]"),
+    ("verdict.sizes=[{name:a,budget_flops:0}]", "budget_flops=0"),
+])
+def test_bad_protocol_is_one_line_and_trains_nothing(tmp_path, shakespeare_path, bad, needle):
+    cwd = tmp_path / "job"
+    r = run_cli(cwd, [*verdict_args(cwd, shakespeare_path), bad], module="sweeps.verdict")
+    assert r.returncode == 2
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and needle in line, r.stderr
+    assert not (cwd / "mlflow.db").exists() or not _runs(cwd)[1]
