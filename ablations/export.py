@@ -174,13 +174,13 @@ def _state_dict(arch: str, model) -> dict:
             p = f"transformer.h.{i}."
             for ours, theirs in ((b.ln_1, "ln_1"), (b.ln_2, "ln_2")):
                 sd[p + theirs + ".weight"] = _t(ours.weight)
-                sd[p + theirs + ".bias"] = bias_of_norm(ours)
+                sd[p + theirs + ".bias"] = _norm_bias(ours)
             for ours, theirs in ((b.attn.c_attn, "attn.c_attn"), (b.attn.c_proj, "attn.c_proj"),
                                  (b.mlp.c_fc, "mlp.c_fc"), (b.mlp.c_proj, "mlp.c_proj")):
                 sd[p + theirs + ".weight"] = _t(ours.weight.t())  # GPT-2's Conv1D stores (in, out)
                 sd[p + theirs + ".bias"] = bias_of(ours)
         sd["transformer.ln_f.weight"] = _t(model.ln_f.weight)
-        sd["transformer.ln_f.bias"] = bias_of_norm(model.ln_f)
+        sd["transformer.ln_f.bias"] = _norm_bias(model.ln_f)
     elif arch == "MPT":
         sd["transformer.wte.weight"] = _t(model.wte.weight)
         for i, b in enumerate(model.blocks):
@@ -233,7 +233,7 @@ def _state_dict(arch: str, model) -> dict:
     return sd
 
 
-def bias_of_norm(norm):
+def _norm_bias(norm):
     b = getattr(norm, "bias", None)
     return _t(b) if b is not None else torch.zeros_like(norm.weight)
 
