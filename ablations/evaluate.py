@@ -19,7 +19,7 @@ others. Results are logged into the run itself, with the context as the metric s
 `eval/<mode>/bpb`, `eval/<mode>/loss` (nats/token), `eval/<mode>/tokens` (targets scored) and
 `eval/<mode>/kv_cache_bytes` (bf16 KV cache after c tokens), so `eval/sliding/bpb@256` is the metric
 `eval/sliding/bpb` at step 256; with position.scaling the prefix is `eval/<mode>/<name><factor>/` (e.g.
-`eval/sliding/yarn4/bpb`). Tags `eval.<mode>.stride`, `eval.max_tokens` and, per scaling,
+`eval/sliding/yarn4/bpb`). Tags `eval.<mode>[.<name><factor>].stride`, `eval.max_tokens` and, per scaling,
 `eval.scaling.<name><factor>` (its resolved parameters) record how. bpb uses the split's tokens-per-byte ratio,
 as `val/bpb` does.
 """
@@ -195,7 +195,8 @@ def evaluate(o: dict, log=print) -> str | None:
     refused = [c for c in e["contexts"] if c not in ok]
     cl, prefix, mode = client(uri), metric_prefix(e["mode"], scaling), e["mode"]
     stride_tag = str(e["stride"]) if e["stride"] else "context//4"
-    cl.set_tag(o["run_id"], f"eval.{mode}.stride", stride_tag if mode == "sliding" else "context")
+    where = prefix.strip("/").replace("/", ".")  # eval.sliding or eval.sliding.yarn4: how these metrics were made
+    cl.set_tag(o["run_id"], f"{where}.stride", stride_tag if mode == "sliding" else "context")
     cl.set_tag(o["run_id"], "eval.max_tokens", str(e["max_tokens"]))
     if scaling is not None:
         cl.set_tag(o["run_id"], f"eval.scaling.{scaling_label(scaling)}", json.dumps(scaling, sort_keys=True))

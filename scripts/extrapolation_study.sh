@@ -9,7 +9,8 @@
 #                                             # one it uses the committed reports/extrapolation/mlflow.db.gz
 #
 # The store's metrics, params and tags (no checkpoint artifacts) are committed as reports/extrapolation/mlflow.db.gz.
-# Offline, point the corpus at a local copy with ABLATIONS_SHAKESPEARE_PATH. One thread per process by default.
+# Offline, point the corpus at a local copy with ABLATIONS_SHAKESPEARE_PATH. One thread per process; the schemes
+# train and evaluate in 3 parallel streams of two schemes each (EXTRAPOLATION_STREAMS=1 for one after the other).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 report_only=0
@@ -20,30 +21,42 @@ uri="sqlite:///$store/mlflow.db"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 contexts="[64,128,256,512]"
 max_tokens=8192   # the first 8192 targets of the val split, the same for every run and context
-if [[ $report_only == 0 ]]; then
+if [[ ${EXTRAPOLATION_STREAMS:-3} == 1 ]]; then streams=("learned,sinusoidal,rope,alibi,nope,t5bias")
+else streams=("learned,sinusoidal" "rope,alibi" "nope,t5bias"); fi
+
+evaluate_run() {  # <run id> <position>
+  local run=$1 position=$2 ctx=$contexts mode scaling
+  if [[ $position == learned ]]; then ctx="[64]"; fi   # a table of 64 positions: nothing past it to evaluate
+  for mode in nonoverlap sliding; do
+    python -m ablations.evaluate run_id="$run" tracking.uri="$uri" threads=1 eval.mode=$mode \
+      eval.contexts="$ctx" eval.max_tokens=$max_tokens
+    if [[ $position == rope ]]; then
+      for scaling in "{name: linear, factor: 4}" "{name: ntk, factor: 4}" "{name: yarn, factor: 4, original_max: 64}"; do
+        python -m ablations.evaluate run_id="$run" tracking.uri="$uri" threads=1 eval.mode=$mode \
+          eval.contexts="$ctx" eval.max_tokens=$max_tokens position.scaling="$scaling"
+      done
+    fi
+  done
+}
+
+stream() {  # <comma-separated positions>: train them (3 seeds each), then evaluate their finished runs
   (cd "$store" && MLFLOW_TRACKING_URI="$uri" \
-    python -m ablations.run -m experiment=extrapolation trainer.enable_progress_bar=false)
-  # finished runs of the experiment: "<run id> <position>" per line
-  runs=$(MLFLOW_TRACKING_URI="$uri" python -c "
+    python -m ablations.run -m experiment=extrapolation "position=$1" trainer.enable_progress_bar=false)
+  MLFLOW_TRACKING_URI="$uri" python -c "
+import sys
 from mlflow import MlflowClient
 cl = MlflowClient()
 exp = cl.get_experiment_by_name('extrapolation')
 for r in cl.search_runs([exp.experiment_id], \"attributes.status = 'FINISHED'\", order_by=['attributes.start_time']):
-    print(r.info.run_id, r.data.tags['choice.position'])")
-  while read -r run position; do
-    ctx=$contexts
-    if [[ $position == learned ]]; then ctx="[64]"; fi   # a table of 64 positions: nothing past it to evaluate
-    for mode in nonoverlap sliding; do
-      python -m ablations.evaluate run_id="$run" tracking.uri="$uri" threads=1 eval.mode=$mode \
-        eval.contexts="$ctx" eval.max_tokens=$max_tokens
-      if [[ $position == rope ]]; then
-        for scaling in "{name: linear, factor: 4}" "{name: ntk, factor: 4}" "{name: yarn, factor: 4, original_max: 64}"; do
-          python -m ablations.evaluate run_id="$run" tracking.uri="$uri" threads=1 eval.mode=$mode \
-            eval.contexts="$ctx" eval.max_tokens=$max_tokens position.scaling="$scaling"
-        done
-      fi
-    done
-  done <<< "$runs"
+    if r.data.tags['choice.position'] in sys.argv[1].split(','):
+        print(r.info.run_id, r.data.tags['choice.position'])" "$1" |
+  while read -r run position; do evaluate_run "$run" "$position"; done
+}
+
+if [[ $report_only == 0 ]]; then
+  pids=()  # (the harness tolerates two streams creating the experiment at once; the sleep makes it rare)
+  for s in "${streams[@]}"; do stream "$s" & pids+=($!); sleep 20; done
+  for p in "${pids[@]}"; do wait "$p"; done
   # a compact copy of the store (no artifacts) beside the report
   python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
     "$store/mlflow.db" "$store/mlflow.compact.db"
