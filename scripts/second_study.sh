@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The second study (issue 14): the seeds' two swaps (learned -> rope, layernorm -> rmsnorm) and the MLP family, run
+# through the verdict protocol (conf/verdict/second-study.yaml): per size of a 3-rung ladder and per arm an lr grid
+# search (one seed), then 3 seeds at that arm's best lr (5 at the largest size), every run at the size's compute
+# budget; then the report with verdicts, scaling fits and compute multipliers.
+#
+#   scripts/second_study.sh            # run (or continue) the protocol into study/second-study/, then the report
+#   scripts/second_study.sh --report   # only regenerate reports/second-study/ from the store; without a
+#                                      # study/second-study/mlflow.db it uses the committed reports/second-study/mlflow.db.gz
+#
+# Offline, point the corpus at a local copy with ABLATIONS_SHAKESPEARE_PATH (else it is downloaded and checksummed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+report_only=0
+if [[ "${1:-}" == "--report" ]]; then report_only=1; fi
+store=study/second-study
+gz=reports/second-study/mlflow.db.gz
+mkdir -p "$store" reports/second-study
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+if [[ $report_only == 0 ]]; then
+  (cd "$store" && python -m sweeps.verdict verdict=second-study "tracking.uri=sqlite:///$(pwd)/mlflow.db" \
+    "verdict.storage=sqlite:///$(pwd)/optuna.db" trainer.enable_progress_bar=false)
+  # a compact copy of the store (no artifacts) beside the report
+  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
+    "$store/mlflow.db" "$store/mlflow.compact.db"
+  gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+elif [[ ! -f "$store/mlflow.db" ]]; then
+  gunzip -c "$gz" > "$store/mlflow.db"
+fi
+rm -rf reports/second-study/report
+MLFLOW_TRACKING_URI="sqlite:///$store/mlflow.db" python -m analysis.report second-study --out reports/second-study/report
