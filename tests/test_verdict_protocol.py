@@ -108,3 +108,26 @@ def test_bad_protocol_is_one_line_and_trains_nothing(tmp_path, shakespeare_path,
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and needle in line, r.stderr
     assert not (cwd / "mlflow.db").exists() or not _runs(cwd)[1]
+
+
+# The same protocol with its lr stages on a real PostgreSQL server (the storage many machines would share).
+from test_sweeps_postgres import pg_server, pg_url  # noqa: E402,F401  (fixtures)
+
+
+def test_protocol_on_postgresql_storage(tmp_path, shakespeare_path, pg_url):
+    cwd = tmp_path / "job"
+    one_size = "verdict.sizes=[{name:a,budget_flops:1.5e8,overrides:['model.n_embd=16']}]"
+    args = [*verdict_args(cwd, shakespeare_path), one_size, "verdict.seeds_largest=1", f"verdict.storage={pg_url}"]
+    r = run_cli(cwd, args, module="sweeps.verdict", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from sweeps.storage import normalize_url
+
+    storage = normalize_url(pg_url)
+    names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage))
+    assert names == ["tinyverdict.a.learned.lr", "tinyverdict.a.rope.lr"]
+    for name in names:
+        trials = optuna.load_study(study_name=name, storage=storage).get_trials()
+        assert sorted(t.params["optim.lr"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE) == [0.002, 0.02]
+    _, runs = _runs(cwd)
+    assert sorted((r.data.tags["verdict.arm"], r.data.tags["verdict.stage"]) for r in runs) == [
+        ("learned", "lr"), ("learned", "lr"), ("learned", "seeds"), ("rope", "lr"), ("rope", "lr"), ("rope", "seeds")]
