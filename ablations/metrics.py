@@ -59,6 +59,7 @@ class MetricsCallback(pl.Callback):
         # persisted in checkpoints
         self.tokens_seen, self.elapsed_sec = 0, 0.0
         self.last_val_loss, self.last_val_step = None, -1
+        self.latest: dict = {}  # the step metrics logged last, with their "step" (read by ablations.progress)
         self._client = None
         self._buffer: list = []
         self._last_step = None
@@ -134,6 +135,7 @@ class MetricsCallback(pl.Callback):
                  "tokens_seen": self.tokens_seen, "flops_seen": self.tokens_seen * self.flops_per_token,
                  "elapsed_sec": self.elapsed_sec}
             self._log(trainer, m, step)
+            self.latest = {**m, "step": step}
             self.flush(trainer)
             if self._steady_t0 is None:  # the first window holds start-up costs: final_tokens_per_sec skips it
                 self._steady_t0, self._steady_tokens0, self._steady_paused0 = now, self._session_tokens, self._session_paused

@@ -83,6 +83,45 @@ def check_group_overrides(argv: list[str], conf_dir: Path = CONF_DIR) -> str | N
     return None
 
 
+def check_config_keys(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """One line for an unknown dotted key (`model.n_layers=4`), naming the closest valid keys; Hydra's own error
+    spans several lines. Composes the config with the command's group choices, so `experiment=` keys count."""
+    import difflib
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import DictConfig, OmegaConf
+
+    if any(a.startswith(("--config-path", "-cp", "--config-name", "-cn")) for a in argv):
+        return None  # another primary config (e.g. a recorded run's): Hydra checks its keys
+    pairs = [a.split("=", 1) for a in argv if "=" in a and not a.startswith("-")]
+    dotted = [k for k, _ in pairs if "." in k and not k.startswith(("+", "~", "hydra."))]
+    if not dotted:
+        return None
+    groups = [f"{k}={v}" for k, v in pairs if "." not in k and (conf_dir / k.lstrip("+~")).is_dir()
+              and not any(c in v for c in "(),[]*$")]  # a multirun sweep: its first choice is not known here
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir.resolve()), version_base="1.3"):
+            cfg = compose("config", overrides=groups)
+    except HydraException:
+        return None  # Hydra reports the bad group choice itself
+    for key in dotted:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+        if not isinstance(node, DictConfig):
+            node, leaf = cfg, key.split(".", 1)[0]  # the top of the key is unknown already
+            if leaf in node:
+                continue
+        elif leaf in node:
+            continue
+        where = f"{parent}." if node is not cfg else ""
+        close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=3, cutoff=0.5)
+        hint = (f"did you mean {', '.join(where + c for c in close)}?" if close else
+                f"valid keys are {', '.join(where + str(k) for k in node.keys())}")
+        return f"error: {key} is not a config key: {hint} (add a new key with +{key}=...)"
+    return None
+
+
 def check_config_dir(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     """`--config-dir DIR` only adds DIR to the search path *after* conf/: a recorded `config.yaml` there would be
     silently shadowed by conf/config.yaml. Refuse that instead of training the default config."""
@@ -109,7 +148,7 @@ def check_config_dir(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
 
 
 if __name__ == "__main__":
-    _err = check_group_overrides(sys.argv[1:]) or check_config_dir(sys.argv[1:])
+    _err = check_group_overrides(sys.argv[1:]) or check_config_dir(sys.argv[1:]) or check_config_keys(sys.argv[1:])
     if _err:
         print(_err, file=sys.stderr)
         sys.exit(2)

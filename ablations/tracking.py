@@ -21,7 +21,7 @@ from .errors import TrackingError
 DEFAULT_URI = "sqlite:///mlflow.db"
 CHOICE_GROUPS = ("model", "position", "norm", "mlp", "attention", "tokenizer", "data")
 # overrides that say where/how a job runs, not what it is: left out of `variant`
-INFRA_PREFIXES = ("tracking.", "hydra.", "checkpoint.", "trainer.devices", "trainer.accelerator", "trainer.strategy",
+INFRA_PREFIXES = ("tracking.", "hydra.", "checkpoint.", "progress_every_n_steps", "trainer.devices", "trainer.accelerator", "trainer.strategy",
                   "trainer.num_nodes", "trainer.enable_progress_bar", "data.cache_dir", "data.path", "resume",
                   "experiment", "compile", "generate.")
 NAME_SKIP_PREFIXES = ("tracking.", "hydra.", "resume", "experiment", "data.cache_dir", "data.path", "checkpoint.dir")

@@ -29,6 +29,7 @@ from .errors import (AblationsError, CheckpointError, ConfigError, DataError, Di
 from .generation import generation_benchmark, sample_text
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
 from .metrics import MetricsCallback, measure_peak_flops
+from .progress import LineProgress, line_every, wants_lines
 from .repro import derived_seed, environment_tags, seed_all
 
 __all__ = ["train", "DivergenceError", "ConfigError", "DataError", "TokenizerError", "TrackingError",
@@ -50,9 +51,11 @@ def _container(cfg: DictConfig) -> dict:
 
 
 def config_hash(cfg: DictConfig) -> str:
-    """sha256 of the resolved config minus `resume` (and hydra): names the checkpoint dir of a run."""
+    """sha256 of the resolved config minus `resume`, `progress_every_n_steps` (and hydra): names the checkpoint dir
+    of a run (so how a run reports its progress does not decide which checkpoint it resumes)."""
     c = _container(cfg)
     c.pop("resume", None)
+    c.pop("progress_every_n_steps", None)
     return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -303,8 +306,13 @@ def _trainer(job: _Job, callbacks) -> None:
     tk.pop("budget", None)  # ours, not Lightning's: already turned into max_steps
     if tk.get("limit_val_batches") is None:
         tk.pop("limit_val_batches", None)
+    ours = [job.metrics_cb, ckpt_cb]
+    if tk.get("enable_progress_bar", True) and wants_lines():  # a log file: lines, not a carriage-return stream
+        tk["enable_progress_bar"] = False
+        every = cfg.get("progress_every_n_steps") or line_every(int(cfg.trainer.max_steps), job.metrics_cb.log_every)
+        ours.append(LineProgress(job.metrics_cb, int(every), int(cfg.trainer.max_steps)))
     tk.update(logger=False, enable_checkpointing=False, num_sanity_val_steps=0, check_val_every_n_epoch=None,
-              max_epochs=-1, enable_model_summary=False, callbacks=[job.metrics_cb, ckpt_cb, *callbacks])
+              max_epochs=-1, enable_model_summary=False, callbacks=[*ours, *callbacks])
     if cfg.get("compile"):
         job.lit.compile_model = True
     try:

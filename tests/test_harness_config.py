@@ -60,3 +60,30 @@ def test_run_name_variant_and_params_from_overrides():
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     p = config_params(cfg)
     assert p["norm.name"] == "rmsnorm" and p["optim.betas"] == "[0.9, 0.95]" and "resume" not in p
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["model.n_layers=4"], "error: model.n_layers is not a config key: did you mean model.n_layer?"),
+    (["model=tiny", "trainer.max_step=5"], "error: trainer.max_step is not a config key: did you mean trainer.max_steps?"),
+    (["-m", "norm=layernorm,rmsnorm", "optim.lrr=1e-3"], "error: optim.lrr is not a config key: did you mean optim.lr?"),
+])
+def test_unknown_config_key_names_the_closest_keys(argv, expected):
+    from ablations.run import check_config_keys
+
+    msg = check_config_keys(argv, CONF)
+    assert msg is not None and msg.startswith(expected) and "\n" not in msg, msg
+
+
+def test_known_config_keys_pass():
+    from ablations.run import check_config_keys
+
+    assert check_config_keys(["model=tiny", "model.n_layer=3", "trainer.max_steps=5", "norm.qk_norm=true",
+                              "+model.extra=1", "experiment=norms", "hydra.job.chdir=true"], CONF) is None
+
+
+def test_progress_lines_cadence():
+    from ablations.progress import line_every, wants_lines
+
+    assert line_every(600, 10) == 30  # the default run: 20 lines
+    assert line_every(12, 1) == 1 and line_every(1000, 7) == 56  # 50 / 7 rounded up to the logging cadence
+    assert wants_lines(open(__file__))  # a file is not a terminal

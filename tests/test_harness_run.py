@@ -202,3 +202,26 @@ def test_ddp_two_cpu_processes_one_run(tmp_path, shakespeare_path):
     assert dict(history(c, run.info.run_id, "tokens_seen"))[4] == 4 * 8 * 32 * 2  # both ranks' tokens
     assert [s for s, _ in history(c, run.info.run_id, "train/loss")] == [2, 4]  # logged once (rank 0 only)
     assert "final_val_loss" in run.data.metrics
+
+
+def test_unknown_config_key_is_one_line(tmp_path):
+    r = run_cli(tmp_path / "badkey", ["model.n_layers=4"])
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model.n_layers" in lines[0] and "model.n_layer" in lines[0].split("mean", 1)[1]
+    assert not (tmp_path / "badkey" / "mlflow.db").exists()
+
+
+def test_redirected_output_is_progress_lines(tmp_path, shakespeare_path):
+    """stdout to a pipe (a log file, CI): a progress line every N steps, no progress-bar carriage returns."""
+    cwd = tmp_path / "lines"
+    r = run_cli(cwd, tiny_args(shakespeare_path, **{"trainer.enable_progress_bar": "true", "trainer.max_steps": 20,
+                                                    "trainer.val_check_interval": 10, "trainer.log_every_n_steps": 2,
+                                                    "tracking.uri": f"sqlite:///{cwd}/mlflow.db"}))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "\r" not in r.stdout + r.stderr
+    progress = [ln for ln in r.stdout.splitlines() if ln.startswith("[ablations] step ") and "| loss " in ln]
+    assert [ln.split()[2] for ln in progress] == ["2/20", "4/20", "6/20", "8/20", "10/20", "12/20", "14/20", "16/20",
+                                                   "18/20", "20/20"]  # line_every(20, 2) = 2
+    assert all("tokens/s" in ln and "| eta " in ln for ln in progress)
+    assert sum(ln.startswith("[ablations] step ") and "| val_loss " in ln for ln in r.stdout.splitlines()) == 2
