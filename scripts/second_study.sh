@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The second study (issue 14): the seeds' two swaps (learned -> rope, layernorm -> rmsnorm) and the MLP family, run
 # through the verdict protocol (conf/verdict/second-study.yaml): per size of a 3-rung ladder and per arm an lr grid
-# search (one seed), then 3 seeds at that arm's best lr (5 at the largest size), every run at the size's compute
+# search (one seed), then 2 seeds at that arm's best lr (5 at the largest size), every run at the size's compute
 # budget; then the report with verdicts, scaling fits and compute multipliers.
 #
 #   scripts/second_study.sh            # run (or continue) the protocol into study/second-study/, then the report
