@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from .generation import decode_cached, decode_uncached, prefill  # the generation measurements train() makes too
 from .generation import sync as _sync
+from modules.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ("ceilings", "train", "harness", "inference", "startup", "scaling")
@@ -549,13 +550,15 @@ def scaling_figures(base: dict, window: float, rows: list, device: str = "cpu") 
             f"{label}={k}: {v['step_sec'] * 1e3:.1f} ms {_fmt(float(v['activation_bytes']), 'B')}"
             for k, v in result[key].items())))
     T = base["block_size"]
-    variants = {"mha": {"name": "mha"}, "gqa": {"name": "gqa", "n_kv_head": max(1, base["n_head"] // 2)},
-                "mqa": {"name": "mqa"}, "sliding": {"name": "sliding", "window": max(1, T // 4)},
-                "mla": {"name": "mla"}}
     cells = []
-    for name, att in variants.items():
+    for name, att in attention_variants(T).items():
         model_cfg = {**base, "attention": att}
-        model = build_model(model_cfg, device).eval()
+        try:
+            model = build_model(model_cfg, device).eval()
+        except ConfigError as e:  # a variant whose shipped options do not fit this model size: say so, go on
+            result["kv_cache"][name] = {"skipped": str(e)}
+            cells.append(f"{name} skipped ({e})")
+            continue
         cache = model.new_cache(batch_size=1, dtype=torch.bfloat16)
         with torch.no_grad():
             model(torch.randint(0, base["vocab_size"], (1, T), device=device), cache=cache)
@@ -565,6 +568,24 @@ def scaling_figures(base: dict, window: float, rows: list, device: str = "cpu") 
         cells.append(f"{name} {_fmt(float(measured), 'B')}" + ("" if measured == analytic else "(!)"))
     rows.append((f"kv cache bf16 ctx={T} (measured)", "  ".join(cells)))
     return result
+
+
+def attention_variants(block_size: int) -> dict[str, dict]:
+    """Every registered attention variant (modules.registry) with its shipped options (conf/attention/<name>.yaml);
+    a variant with a `window` option gets a quarter of the context, so that the window shows in the cache size."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from modules.registry import names, variant
+
+    out = {}
+    for name in names("attention"):
+        att = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "attention" / f"{name}.yaml"), resolve=True)
+        if "window" in {f.name for f in dataclasses.fields(variant("attention", name).Options)}:
+            att["window"] = max(1, block_size // 4)
+        out[name] = att
+    return out
 
 
 def activation_bytes(model, x) -> int:

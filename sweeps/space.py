@@ -56,6 +56,24 @@ def _as_list(value: Any) -> list[Any]:
     return [value]
 
 
+def _variants(key: str, exclude: Any) -> tuple[str, ...]:
+    """`{type: variants}`: the names modules.registry has for family `key`, less `exclude`."""
+    from modules.registry import FAMILIES, names
+
+    if key not in FAMILIES:
+        raise SpaceError(f"sweep.space.{key}: type variants is for a model family ({', '.join(FAMILIES)}), "
+                         f"not {key!r}")
+    found = names(key)
+    unknown = sorted(set(_as_list(exclude)) - set(found))
+    if unknown:
+        raise SpaceError(f"sweep.space.{key}.exclude: {unknown[0]!r} is not a {key} variant "
+                         f"(registered: {', '.join(found)})")
+    choices = tuple(n for n in found if n not in _as_list(exclude))
+    if not choices:
+        raise SpaceError(f"sweep.space.{key}: every variant is excluded")
+    return choices
+
+
 def _parse_param(key: str, spec: Any) -> Param:
     if isinstance(spec, (list, tuple)):
         spec = {"type": "categorical", "choices": list(spec)}
@@ -68,7 +86,9 @@ def _parse_param(key: str, spec: Any) -> Param:
         raise SpaceError(f"sweep.space.{key}.when: expected a mapping key -> allowed value(s), got {when!r}")
     when = {str(k): _as_list(v) for k, v in when.items()}
     try:
-        if kind == "categorical":
+        if kind == "variants":  # every registered variant of a model family, found by modules.registry
+            dist = CategoricalDistribution(list(_variants(key, spec.pop("exclude", []))))
+        elif kind == "categorical":
             choices = spec.pop("choices")
             if not choices:
                 raise SpaceError(f"sweep.space.{key}: empty choices")
@@ -85,7 +105,7 @@ def _parse_param(key: str, spec: Any) -> Param:
                 step=int(spec.pop("step", 1) or 1),
             )
         else:
-            raise SpaceError(f"sweep.space.{key}: unknown type {kind!r} (valid: categorical, float, int)")
+            raise SpaceError(f"sweep.space.{key}: unknown type {kind!r} (valid: categorical, float, int, variants)")
     except KeyError as e:
         raise SpaceError(f"sweep.space.{key}: missing {e.args[0]!r} for type {kind}") from None
     except SpaceError:

@@ -63,12 +63,32 @@ def test_space_suggest_conditions_and_overrides():
     assert format_value("null") == "'null'"
 
 
+def test_variants_space_is_every_variant_with_a_conf_file():
+    """`{type: variants}` expands from modules.registry: the same names as the family's conf/<family>/*.yaml."""
+    from omegaconf import OmegaConf
+
+    from sweeps.study import SweepSettings
+
+    space = SearchSpace.from_config({"norm": {"type": "variants"},
+                                     "attention": {"type": "variants", "exclude": ["mla"]}})
+    choices = {p.key: list(p.distribution.choices) for p in space.params}
+    files = {g: sorted(f.stem for f in (REPO / "conf" / g).glob("*.yaml")) for g in ("norm", "attention")}
+    assert choices["norm"] == files["norm"] and {"layernorm", "rmsnorm"} <= set(choices["norm"])
+    assert choices["attention"] == [n for n in files["attention"] if n != "mla"] and "mha" in choices["attention"]
+    arch = SweepSettings.from_config("architecture", OmegaConf.to_container(
+        OmegaConf.load(REPO / "conf/sweep/architecture.yaml"), resolve=True))
+    shipped = {p.key: list(p.distribution.choices) for p in arch.space.params}
+    assert shipped["position"] == sorted(f.stem for f in (REPO / "conf" / "position").glob("*.yaml"))
+
+
 @pytest.mark.parametrize("space, match", [
     ({}, "empty"),
     ({"optim.lr": {"type": "float", "low": 1.0}}, "missing 'high'"),
     ({"optim.lr": {"type": "gaussian"}}, "unknown type"),
     ({"optim.lr": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}, "optim.lr"),
     ({"optim.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "lg": True}}, "unknown field"),
+    ({"optim.lr": {"type": "variants"}}, "is for a model family"),
+    ({"norm": {"type": "variants", "exclude": ["batchnorm"]}}, "'batchnorm' is not a norm variant"),
 ])
 def test_space_errors(space, match):
     with pytest.raises(SpaceError, match=match):
