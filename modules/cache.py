@@ -3,7 +3,8 @@
 
 - GQA/MHA/MQA/sliding: k, v of shape (B, n_kv_head, S, hs)
 - MLA: latent (B, S, d_c) and the rotated shared key k_rope (B, 1, S, d_r)
-- sliding windows keep only the last W positions (older keys can never be seen again)
+- a window keeps only the last W positions (older keys can never be seen again): a sliding-window attention's W,
+  or the cap `GPT.generate` decodes with past block_size (`new_cache(batch_size, window=max_context)`)
 
 Without a window, each tensor lives in a preallocated buffer that grows geometrically (capped at block_size while
 that suffices) and the layer holds a view of its filled part: appending a decode step writes one position instead
