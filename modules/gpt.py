@@ -88,15 +88,22 @@ class GPT(nn.Module):
                        window=self.config.window if window is None else window, max_len=self.config.block_size)
 
     # ------------------------------------------------------------------------------------------------------
-    def _attn_mask(self, pos, valid, cache, padded: bool, window: int | None = None):
+    def _attn_mask(self, pos, valid, cache, padded: bool, window: int | None = None, consecutive: bool = False):
         """The mask every layer uses for this call, built once: bool (B, 1, T, S), or a float bias with -inf where
         masked (B, nh, T, S) when the position scheme adds one (alibi, t5bias), or None for plain causal attention.
-        window: the band width (None: the attention's own, config.window)."""
-        window = self.config.window if window is None else window
-        if cache is None and not padded and window is None and not self.position.adds_attn_bias:
-            return None  # SDPA's is_causal fast path
-        B, T = pos.shape
+        window: the band width (None: the attention's own, config.window).
+        consecutive: the positions are this call's column indices plus a constant (default position ids)."""
+        cfg = self.config
+        window = cfg.window if window is None else window
         past = 0 if cache is None else cache.seq_len
+        # None: causal by index over this call's keys alone (no cached keys, no padding, no bias). A window is a
+        # distance in positions, so it can ride along only when positions are consecutive and the attention
+        # applies its own window (in O(T * W), where a (T, T) band would cost O(T^2)).
+        own_window = window is None or (consecutive and window == cfg.window
+                                        and cfg.variant("attention").applies_own_window(cfg))
+        if past == 0 and not padded and own_window and not self.position.adds_attn_bias:
+            return None  # SDPA's is_causal fast path, or the attention's own band
+        B, T = pos.shape
         key_pos = pos if cache is None else torch.cat((cache.key_pos, pos), dim=1)          # (B, S)
         key_valid = valid if cache is None else torch.cat((cache.key_valid, valid), dim=1)  # (B, S)
         # causal by index: all cached keys precede the new queries; new query t sees new keys <= t
@@ -125,13 +132,14 @@ class GPT(nn.Module):
         B, T = idx.size()
         valid = (torch.ones_like(idx, dtype=torch.bool) if attention_mask is None
                  else attention_mask.to(device=idx.device).bool())
+        consecutive = position_ids is None  # the default ids below are consecutive where there is no padding
         if position_ids is None:
             start = torch.zeros(B, dtype=torch.long, device=idx.device) if cache is None else cache.next_pos
             position_ids = start[:, None] + (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
         padded = attention_mask is not None and not bool(valid.all())
         if window is None:
             window = cache.window if cache is not None else self.config.window
-        mask = self._attn_mask(position_ids, valid, cache, padded, window)
+        mask = self._attn_mask(position_ids, valid, cache, padded, window, consecutive)
         rot = self.position.rotary(position_ids)  # (cos, sin) each (B, 1, T, dim/2), or None
 
         x = self.wte(idx)  # (B, T, C)

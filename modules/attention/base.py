@@ -37,6 +37,12 @@ class Attention(nn.Module):
         return None
 
     @classmethod
+    def applies_own_window(cls, cfg) -> bool:
+        """True if, given mask=None (plain causal, consecutive positions from 0, no padding, no cached keys), the
+        variant applies its window itself in O(T * W), so the GPT need not build a (T, T) banded mask."""
+        return False
+
+    @classmethod
     def rotary_dim(cls, cfg) -> int:
         """The width of q and k that rope rotates (per head)."""
         return cfg.head_size
@@ -72,9 +78,13 @@ class Attention(nn.Module):
         return [cfg.head_size, cfg.head_size] if cfg.norm.qk_norm else []
 
 
-def sdpa(q, k, v, mask, dropout_p: float):
-    """F.scaled_dot_product_attention with our mask convention: None means plain causal (no cache, no padding,
-    no window, no bias), otherwise a bool mask (True = may attend) or a float bias with -inf where masked.
+def sdpa(q, k, v, mask, dropout_p: float, scale: float | None = None):
+    """F.scaled_dot_product_attention with our mask convention, for q (B, nh, T, d) and k, v (B, nkv, S, d) where
+    nkv divides nh (GQA/MQA: each group of nh/nkv query heads reads one kv head, and K/V are never copied).
+
+    mask None means plain causal attention over this call's keys only (no cached keys, no padding, no bias; a
+    windowed variant applies its window itself, see `Attention.applies_own_window`); otherwise a bool mask
+    (B, 1, T, S) (True = may attend) or a float bias (B, nh, T, S) with -inf where masked.
     Every query row has at least one visible key (the GPT guarantees it), so the softmax never sees 0/0."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
         # PyTorch's CPU flash-attention kernel runs many small per-block GEMMs; in bf16 each goes through oneDNN
@@ -83,9 +93,20 @@ def sdpa(q, k, v, mask, dropout_p: float):
         # 17 ms per token in bf16, 5 ms after casting the cache to fp32). Attention is a small share of the
         # FLOPs, so compute it in fp32 (more accurate too) and cast the output back.
         with torch.autocast("cpu", enabled=False):
-            return sdpa(q.float(), k.float(), v.float(), mask, dropout_p).to(q.dtype)
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-    if mask.is_floating_point():
+            return sdpa(q.float(), k.float(), v.float(), mask, dropout_p, scale).to(q.dtype)
+    if mask is not None and mask.is_floating_point():
         mask = mask.to(q.dtype)  # SDPA wants a float mask in the query dtype (bf16 under autocast)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    B, nh, T, _ = q.shape
+    nkv = k.size(1)
+    if nkv != nh and T == 1:
+        # One query per head (decoding): the g = nh/nkv query heads of a group become g query rows against their
+        # one kv head, a plain attention with nkv heads. (SDPA's enable_gqa on CPU costs as much as full MHA.)
+        # mask None with T = 1 means one key (no cache), so the rows need no mask at all.
+        g = nh // nkv
+        if mask is not None and mask.dim() == 4 and mask.size(1) != 1:
+            mask = mask.reshape(B, nkv, g, mask.size(-1))  # a per-head bias: (B, nh, 1, S) -> (B, nkv, g, S)
+        y = F.scaled_dot_product_attention(q.reshape(B, nkv, g, q.size(-1)), k, v, attn_mask=mask,
+                                           dropout_p=dropout_p, scale=scale)  # (B, nkv, g, dv)
+        return y.reshape(B, nh, 1, v.size(-1))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=dropout_p,
+                                          scale=scale, enable_gqa=nkv != nh)

@@ -1,7 +1,8 @@
 """Grouped-query attention (Ainslie et al. 2023): n_head query heads share n_kv_head key/value heads.
 
 MHA (n_kv_head = n_head) and MQA (n_kv_head = 1) are its two ends; sliding-window attention is it with a
-banded mask. The KV cache holds only the n_kv_head heads, which is the whole point of GQA/MQA.
+window. The KV cache holds only the n_kv_head heads, which is the whole point of GQA/MQA, and attention reads them
+in place (no per-step copy to n_head heads), so the smaller cache is also less memory to read per decoded token.
 """
 from dataclasses import dataclass
 
@@ -73,9 +74,11 @@ class GroupedQueryAttention(Attention):
         q, k = apply_rotary(q, rot), apply_rotary(k, rot)
         if cache is not None:  # store the new (rotated) keys, get back past + new: (B, nkv, S, hs)
             k, v = cache.update(self.layer_idx, k=k, v=v)
-        if nkv != nh:  # each group of nh/nkv query heads reads the same kv head
-            k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, S, hs)
-            v = v.repeat_interleave(nh // nkv, dim=1)
-        y = sdpa(q, k, v, mask, self.dropout if self.training else 0.0)  # (B, nh, T, hs)
+        # each group of nh/nkv query heads reads the same kv head; sdpa does that without copying K and V
+        y = self.attend(q, k, v, mask, self.dropout if self.training else 0.0)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
+
+    def attend(self, q, k, v, mask, dropout_p):
+        """q (B, nh, T, hs), k and v (B, nkv, S, hs) -> (B, nh, T, hs); a windowed variant overrides it."""
+        return sdpa(q, k, v, mask, dropout_p)

@@ -9,6 +9,10 @@ each query. Each head then scores [q_nope, q_rope] . [k_nope, k_rope] / sqrt(hs 
 With position=rope only the decoupled parts are rotated; with other position schemes they are ordinary extra
 key/query dimensions and position comes from the embedding (learned, sinusoidal) or the bias (alibi).
 latent_norm: true adds DeepSeek-V2/V3's RMSNorm on the latent before the up-projection (kv_a_layernorm there).
+
+Decoding uses DeepSeek-V2's absorbed form (see `absorbs`): the key up-projection is folded into the query and the
+value up-projection into the output, so a step reads the cached latents directly, like MQA with one (d_c + d_r)-wide
+key head, instead of re-expanding every cached latent to per-head keys and values.
 """
 from dataclasses import dataclass
 
@@ -138,6 +142,9 @@ class MultiHeadLatentAttention(Attention):
         q_rope, k_rope = apply_rotary(q_rope, rot), apply_rotary(k_rope, rot)
         if cache is not None:  # cache only the latent and the rotated shared key: (dc + dr) numbers per token
             latent, k_rope = cache.update(self.layer_idx, latent=latent, k_rope=k_rope)
+        if self.absorbs(T, cache):
+            y = self._attend_latent(q_nope, q_rope, latent, k_rope, mask)  # (B, nh, T, hs)
+            return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))
         S = latent.size(1)
         k_nope, v = self.c_kv_up(latent).split([nh * hs, nh * hs], dim=-1)  # 2 x (B, S, nh * hs)
         k_nope = k_nope.view(B, S, nh, hs).transpose(1, 2)  # (B, nh, S, hs)
@@ -149,3 +156,40 @@ class MultiHeadLatentAttention(Attention):
         y = sdpa(q, k, v, mask, self.dropout if self.training else 0.0)    # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def absorbs(self, T: int, cache) -> bool:
+        """Decode against the latent directly (DeepSeek-V2's absorbed form): for one new token with a cache.
+        Expanding all S cached latents to per-head keys and values costs S * d_c * 2 * nh * hs multiply-adds per
+        step; absorbed, a step costs nh * S * (2 d_c + d_r). Not with qk_norm: a norm of the up-projected keys does
+        not pass through the up-projection. Training and prefill (T > 1) keep the expanded form."""
+        return cache is not None and T == 1 and not self.qk_norm and not (self.training and self.dropout > 0)
+
+    def _attend_latent(self, q_nope, q_rope, latent, k_rope, mask):
+        """Attention with the key up-projection folded into the query and the value up-projection into the output:
+        q_nope . (W_k c + b_k) = (W_k^T q_nope) . c + q_nope . b_k, whose last term is the same for every key and
+        cancels in the softmax; sum_s p_s (W_v c_s + b_v) = W_v (sum_s p_s c_s) + b_v since the p_s sum to 1.
+        q_nope (B, nh, T, hs), q_rope (B, nh, T, dr), latent (B, S, dc), k_rope (B, 1, S, dr) -> (B, nh, T, hs)."""
+        B, nh, T, hs = q_nope.shape
+        d_c = self.d_c
+        with torch.autocast(q_nope.device.type, enabled=False):  # scores in fp32, as sdpa does under bf16 on CPU
+            ct = torch.promote_types(q_nope.dtype, torch.float32)
+            w_k, w_v = self.c_kv_up.weight.to(ct).view(2, nh, hs, d_c)  # (nh, hs, dc) each
+            scale = (hs + self.d_r) ** -0.5  # the expanded form's 1/sqrt(d_qk), applied to the small query
+            q_lat = (q_nope.to(ct) * scale) @ w_k  # (B, nh, T, dc): the query read in latent coordinates
+            lat = latent.to(ct)  # (B, S, dc): the one "kv head" all query heads read, never copied per head
+            # all heads' queries as rows of one matrix, so each product is one (B,) batch of GEMMs over the cache
+            scores = q_lat.reshape(B, nh * T, d_c) @ lat.transpose(1, 2)  # (B, nh*T, S)
+            if self.d_r:
+                q_r = (q_rope.to(ct) * scale).reshape(B, nh * T, self.d_r)
+                scores = scores + q_r @ k_rope[:, 0].to(ct).transpose(1, 2)
+            scores = scores.view(B, nh, T, -1)  # (B, nh, T, S)
+            if mask is not None:
+                scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
+                          else scores + mask.to(ct))
+            p = torch.softmax(scores, dim=-1).view(B, nh * T, -1)
+            o = (p @ lat).view(B, nh, T, d_c)  # attention-weighted latents
+            y = o @ w_v.transpose(-1, -2)  # (B, nh, T, hs): the value up-projection, applied once per query
+            if self.c_kv_up.bias is not None:
+                y = y + self.c_kv_up.bias.to(ct).view(2, nh, 1, hs)[1]
+        return y.to(q_nope.dtype)
+

@@ -1,0 +1,220 @@
+"""The fast paths of issue 12 against references outside them: the fused RMSNorm against PyTorch's F.rms_norm and
+a float64 gradcheck; grouped-query attention without K/V copies against the textbook softmax(q k^T / sqrt(d) + m) v
+with every kv head repeated; blocked sliding-window attention against SDPA under the full banded mask; MLA's
+absorbed decoding against its expanded form. The model-level invariants (cached == uncached, padding, causality)
+run over every variant in test_model_contract.py; here each fast path is also checked to be the one taken."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modules.attention.base import sdpa
+from modules.attention.sliding import blocked_sliding_attention
+from modules.gpt import GPT
+from modules.norms.rmsnorm import rms_norm
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = dict(vocab_size=64, block_size=64, n_layer=2, n_head=4, n_embd=32)
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=gen(seed), dtype=dtype)
+
+
+# ---- RMSNorm ---------------------------------------------------------------------------------------------------
+def test_rmsnorm_gradcheck_float64():
+    x = randn(3, 5, 16, dtype=torch.float64).requires_grad_()
+    w = randn(16, seed=1, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w: rms_norm(x, w, 1e-5), (x, w))
+
+
+@pytest.mark.parametrize("shape", [(7, 32), (2, 9, 128), (2, 3, 5, 16)])
+def test_rmsnorm_forward_backward_match_torch(shape):
+    d = shape[-1]
+    x = (3 * randn(*shape)).requires_grad_()
+    w = randn(d, seed=1).requires_grad_()
+    dy = randn(*shape, seed=2)
+    ours = rms_norm(x, w, 1e-5)
+    gx, gw = torch.autograd.grad(ours, (x, w), dy)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    ref = F.rms_norm(x2, (d,), w2, 1e-5)
+    rx, rw = torch.autograd.grad(ref, (x2, w2), dy)
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(gx, rx)
+    torch.testing.assert_close(gw, rw)
+
+
+def test_rmsnorm_bf16_input_computes_in_fp32():
+    """q/k norms see bf16 activations under autocast: statistics and gradients are fp32, results bf16."""
+    x = randn(6, 64).to(torch.bfloat16).requires_grad_()
+    w = randn(64, seed=1).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = rms_norm(x, w, 1e-5)
+    assert y.dtype == torch.bfloat16
+    dy = randn(6, 64, seed=2).to(torch.bfloat16)
+    gx, gw = torch.autograd.grad(y, (x, w), dy)
+    assert gx.dtype == torch.bfloat16 and gw.dtype == torch.float32
+    xf = x.detach().float().requires_grad_()
+    wf = w.detach().clone().requires_grad_()
+    ref = F.rms_norm(xf, (64,), wf, 1e-5)
+    rx, rw = torch.autograd.grad(ref, (xf, wf), dy.float())
+    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(gx.float(), rx, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(gw, rw, atol=1e-4, rtol=1e-4)
+
+
+# ---- GQA / MQA without K/V copies ----------------------------------------------------------------------------
+def reference_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(d) + m) v, every kv head repeated for its group of query heads."""
+    g = q.size(1) // k.size(1)
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    if mask is None:
+        T, S = q.size(2), k.size(2)
+        mask = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("nkv", [1, 2, 4])
+@pytest.mark.parametrize("T", [1, 5])
+@pytest.mark.parametrize("kind", ["causal", "bool", "bias"])
+def test_grouped_sdpa_matches_repeated_heads(nkv, T, kind):
+    B, nh, S, hs = 2, 4, 9 if kind != "causal" else 5, 8
+    S = T if kind == "causal" else S
+    q, k, v = randn(B, nh, T, hs), randn(B, nkv, S, hs, seed=1), randn(B, nkv, S, hs, seed=2)
+    mask = None
+    if kind == "bool":  # padding keys and causality, as the GPT builds them: (B, 1, T, S)
+        mask = torch.rand(B, 1, T, S, generator=gen(3)) > 0.3
+        mask[..., -1] = True  # every row sees at least one key
+    elif kind == "bias":  # a per-head float bias with -inf holes: (B, nh, T, S)
+        mask = randn(B, nh, T, S, seed=4).masked_fill(torch.rand(B, nh, T, S, generator=gen(5)) > 0.7, float("-inf"))
+        mask[..., -1] = 0.0
+    torch.testing.assert_close(sdpa(q, k, v, mask, 0.0), reference_attention(q, k, v, mask))
+
+
+def test_gqa_never_repeats_kv():
+    """The point of GQA: no (B, nh, S, hs) copy of K or V, in decoding or training."""
+    model = GPT(**TINY, attention={"name": "gqa", "n_kv_head": 2}).eval()
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        cache = model.new_cache(1)
+        model(torch.randint(0, 64, (1, 8), generator=gen(0)), cache=cache)
+        model(torch.randint(0, 64, (1, 1), generator=gen(1)), cache=cache)
+    ops = {e.key for e in prof.key_averages()}
+    assert not {"aten::repeat_interleave", "aten::repeat"} & ops
+
+
+# ---- sliding window: O(T * W) blocks ----------------------------------------------------------------------------
+def band_mask(T, W):
+    i = torch.arange(T)
+    return (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < W)  # (T, T)
+
+
+@pytest.mark.parametrize("T,W", [(5, 8), (8, 8), (9, 8), (16, 4), (23, 4), (30, 7), (12, 1)])
+@pytest.mark.parametrize("nkv", [1, 4])
+def test_blocked_sliding_matches_banded_sdpa(T, W, nkv):
+    B, nh, hs = 2, 4, 8
+    q = randn(B, nh, T, hs).requires_grad_()
+    k = randn(B, nkv, T, hs, seed=1).requires_grad_()
+    v = randn(B, nkv, T, hs, seed=2).requires_grad_()
+    ours = blocked_sliding_attention(q, k, v, W, 0.0)
+    ref = reference_attention(q, k, v, band_mask(T, W))
+    torch.testing.assert_close(ours, ref)
+    dy = randn(B, nh, T, hs, seed=3)
+    for a, b in zip(torch.autograd.grad(ours, (q, k, v), dy), torch.autograd.grad(ref, (q, k, v), dy)):
+        torch.testing.assert_close(a, b)
+
+
+def sliding(W=4, **kw):
+    torch.manual_seed(0)
+    return GPT(**{**TINY, "attention": {"name": "sliding", "window": W, **kw}, "position": "rope"}).eval()
+
+
+def test_sliding_model_takes_the_blocked_path_and_matches_the_mask_path():
+    """Without padding the GPT builds no (T, S) mask and the window is applied blockwise; explicit position ids
+    take the banded-mask path instead. Both must give the same logits, and so must a cached prefill."""
+    model = sliding(W=4, n_kv_head=2)
+    idx = torch.randint(0, 64, (2, 19), generator=gen(0))
+    pos = torch.arange(19).expand(2, 19)
+    valid = torch.ones(2, 19, dtype=torch.bool)
+    assert model._attn_mask(pos, valid, None, padded=False, consecutive=True) is None
+    assert model._attn_mask(pos, valid, None, padded=False, consecutive=False) is not None
+    with torch.no_grad():
+        fast = model(idx)
+        masked = model(idx, position_ids=pos)
+        prefill = model(idx, cache=model.new_cache(2))
+    torch.testing.assert_close(fast, masked)
+    torch.testing.assert_close(prefill, masked)
+
+
+def test_sliding_fast_path_falls_back_for_padding_and_other_windows():
+    model = sliding(W=4)
+    pos = torch.arange(10).expand(2, 10)
+    valid = torch.ones(2, 10, dtype=torch.bool)
+    valid[0, :3] = False
+    assert model._attn_mask(pos, valid, None, padded=True, consecutive=True) is not None
+    full = valid | True
+    assert model._attn_mask(pos, full, None, padded=False, window=6, consecutive=True) is not None
+    alibi = GPT(**TINY, attention={"name": "sliding", "window": 4}, position="alibi").eval()
+    assert alibi._attn_mask(pos, full, None, padded=False, consecutive=True) is not None
+    # a left-padded row computes what the row computes alone (the mask path, position-distance window)
+    idx = torch.randint(0, 64, (2, 10), generator=gen(1))
+    with torch.no_grad():
+        batch = model(idx, attention_mask=valid.long())
+        alone = model(idx[:1, 3:])
+    torch.testing.assert_close(batch[0, 3:], alone[0])
+
+
+# ---- MLA: absorbed decoding -------------------------------------------------------------------------------------
+def decode_both_ways(model, prompt, mask, steps=3):
+    """Prefill, then decode `steps` tokens with the absorbed form and, on a copy of the cache path, expanded."""
+    B = prompt.size(0)
+    out = {}
+    for absorbed in (True, False):
+        for block in model.blocks:
+            block.attn.absorbs = (lambda T, cache: cache is not None and T == 1) if absorbed else \
+                (lambda T, cache: False)
+        cache = model.new_cache(B)
+        logits = []
+        with torch.no_grad():
+            model(prompt, attention_mask=mask, cache=cache)
+            for s in range(steps):
+                tok = torch.randint(0, 64, (B, 1), generator=gen(10 + s))
+                logits.append(model(tok, attention_mask=torch.ones(B, 1, dtype=torch.long), cache=cache))
+        out[absorbed] = torch.cat(logits, dim=1)
+    for block in model.blocks:
+        del block.attn.absorbs
+    return out[True], out[False]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(position="rope"),
+    dict(position="alibi", bias=True),
+    dict(position="learned", attention={"name": "mla", "latent_norm": True, "kv_latent_dim": 12, "rope_dim": 0}),
+    dict(position="t5bias", attention={"name": "mla", "rope_dim": 4}, bias=True),
+])
+def test_mla_absorbed_decode_matches_expanded(kw):
+    torch.manual_seed(0)
+    model = GPT(**{**TINY, "attention": "mla", **kw}).eval()
+    prompt = torch.randint(0, 64, (2, 7), generator=gen(0))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[0, :3] = 0  # a left-padded row: padding keys must stay invisible in the absorbed form too
+    absorbed, expanded = decode_both_ways(model, prompt, mask)
+    torch.testing.assert_close(absorbed, expanded, atol=1e-5, rtol=1e-5)
+
+
+def test_mla_absorbs_only_where_it_is_exact():
+    torch.manual_seed(0)
+    plain = GPT(**TINY, attention="mla").eval()
+    qk = GPT(**TINY, attention="mla", norm={"name": "layernorm", "qk_norm": True}).eval()
+    cache = plain.new_cache(1)
+    assert plain.blocks[0].attn.absorbs(1, cache)
+    assert not plain.blocks[0].attn.absorbs(5, cache)  # prefill/training: expanded
+    assert not plain.blocks[0].attn.absorbs(1, None)
+    assert not qk.blocks[0].attn.absorbs(1, cache)  # the k norm sits after the up-projection
