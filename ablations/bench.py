@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from .generation import decode_cached, decode_uncached, prefill  # the generation measurements train() makes too
 from .generation import sync as _sync
-from modules.errors import ConfigError
+from modules.errors import AblationsError, ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ("ceilings", "train", "harness", "inference", "startup", "scaling")
@@ -421,7 +421,7 @@ def run(overrides: list[str], sections: tuple[str, ...], opts: dict) -> dict:
             log(f"harness {precision}: {steps} steps through ablations.train.train")
             try:
                 r = harness_tokens_per_sec(overrides + [f"trainer.precision={precision}"], steps)
-            except Exception as e:  # the harness is a separate part: report, don't lose the other sections
+            except AblationsError as e:  # the harness refused this config: report it, keep the other sections
                 harness[precision] = {"error": f"{type(e).__name__}: {e}"}
                 rows.append((f"harness {precision}", f"error: {type(e).__name__}: {str(e)[:120]}"))
                 continue

@@ -18,13 +18,10 @@ def _active_mlflow_run_id(trainer: "pl.Trainer", pl_module: "pl.LightningModule 
         run_id = getattr(obj, "run_id", None)
         if isinstance(run_id, str) and run_id:
             return run_id
-    try:
-        import mlflow
+    import mlflow
 
-        run = mlflow.active_run()
-        return run.info.run_id if run is not None else None
-    except Exception:
-        return None
+    run = mlflow.active_run()
+    return run.info.run_id if run is not None else None
 
 
 class MlflowRunIdCallback(pl.Callback):

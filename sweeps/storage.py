@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.exc import IntegrityError, ProgrammingError
+from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
 from modules.errors import AblationsError
 
@@ -51,7 +51,7 @@ def mask_url(url: str) -> str:
         if u.password:
             return u.render_as_string(hide_password=True)
         return url
-    except Exception:
+    except ArgumentError:  # not a URL SQLAlchemy can parse: nothing to mask
         return url
 
 
@@ -87,7 +87,7 @@ def check_url(url: str):
         from sqlalchemy.engine import make_url
 
         return make_url(url)
-    except Exception as e:
+    except ArgumentError as e:
         raise StorageError(f"bad storage URL {url!r}: {_first_line(e)} "
                            "(expected e.g. sqlite:///optuna.db or postgresql://user:pass@host:5432/db)") from None
 
@@ -136,7 +136,7 @@ def make_storage(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
-        except Exception as e:
+        except (SQLAlchemyError, ImportError, ValueError) as e:  # unreachable, bad credentials, no driver
             # Two workers creating Optuna's tables in a fresh database at once: the loser retries.
             race = isinstance(e, (IntegrityError, ProgrammingError)) and attempt < 2
             if not race:
@@ -190,7 +190,7 @@ class BudgetLock:
 
                 try:
                     conn_cm = self._engine.connect()
-                except Exception as e:
+                except SQLAlchemyError as e:
                     raise StorageError(f"cannot open Optuna storage {mask_url(self.url)}: "
                                        f"{_first_line(e)}") from None
                 with conn_cm as conn:
@@ -281,7 +281,7 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 self.storage.record_heartbeat(self.trial_id)
-            except Exception as e:  # a transient DB error must not kill the trial; the next beat retries
+            except SQLAlchemyError as e:  # a transient DB error must not kill the trial; the next beat retries
                 log.warning("heartbeat for trial id %s failed: %s", self.trial_id, _first_line(e))
 
     def __exit__(self, *exc: Any) -> None:

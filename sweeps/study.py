@@ -321,7 +321,7 @@ class MlflowLinks:
                 ids, filter_string=f"tags.`optuna.study` = '{study_name}' and tags.`optuna.trial` = '{number}'",
                 order_by=["attributes.start_time DESC"], max_results=1)
             return runs[0].info.run_id if runs else None
-        except Exception as e:
+        except MlflowException as e:
             log.debug("MLflow lookup failed: %s", e)
             return None
 
@@ -332,14 +332,14 @@ class MlflowLinks:
         try:
             exp_id = self.client.get_run(run_id).info.experiment_id
             return f"{self.uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}"
-        except Exception:
+        except MlflowException:
             return None
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         try:
             for k, v in tags.items():
                 self.client.set_tag(run_id, k, v)
-        except Exception as e:
+        except MlflowException as e:
             print(f"warning: could not tag MLflow run {run_id}: {type(e).__name__}: {e}", file=sys.stderr)
 
     def kill_if_running(self, run_id: str, reason: str) -> None:
@@ -348,7 +348,7 @@ class MlflowLinks:
             if run.info.status == "RUNNING":
                 self.client.set_tag(run_id, "failure_reason", reason)
                 self.client.set_terminated(run_id, status="KILLED")
-        except Exception as e:
+        except MlflowException as e:
             log.debug("could not end MLflow run %s: %s", run_id, e)
 
 
@@ -388,10 +388,8 @@ def _values_of(overrides: list[str]) -> dict[str, Any]:
     """key -> python value for simple (non-sweep) overrides, for ``when`` conditions."""
     out = {}
     for o in _parse_overrides(overrides):
-        try:
+        if not o.is_sweep_override():  # a sweep (a,b / range) has no single value
             out[_override_key(o)] = o.value()
-        except Exception:
-            pass
     return out
 
 
@@ -620,7 +618,7 @@ class Sweep:
             trial.set_user_attr("retry_of", int(retry_of))
         try:
             params = self.space.suggest(trial, self.fixed_values)
-        except Exception as e:  # a conditional space / enqueued params mismatch
+        except ValueError as e:  # a conditional space / enqueued params mismatch (Optuna raises ValueError)
             return self._fail(study, trial, f"cannot sample parameters: {_short(e)}")
         sampled = to_overrides(params)
         overrides = self.base + sampled
