@@ -37,6 +37,7 @@ __all__ = ["train", "DivergenceError", "ConfigError", "DataError", "TokenizerErr
 
 log = logging.getLogger("ablations")
 
+
 def _env_rank() -> int:
     for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
         if os.environ.get(k, "").isdigit():
