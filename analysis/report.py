@@ -1,7 +1,7 @@
 """Regenerate an ablation report from MLflow: figures, a per-variant table, index.md and index.html.
 
     python -m analysis.report <experiment-or-filter> [--out DIR] [--baseline VARIANT] [--tracking-uri URI]
-                              [--filter FILTER] [--format png] [--format svg] [--margin M]
+                              [--filter FILTER] [--format png] [--format svg] [--margin M] [--paired FILE]
 
 `<experiment-or-filter>` is an MLflow experiment name, or else an MLflow search filter over all experiments
 (e.g. "tags.choice.norm = 'rmsnorm'"). The tracking URI is `--tracking-uri`, else MLFLOW_TRACKING_URI, else
@@ -13,6 +13,11 @@ inconclusive (Holm-adjusted Welch tests and TOST against ±m; the rule is in ana
 m in bits/byte; by default m is one baseline seed std, and the margin used is printed. When the runs form a compute
 ladder (an arm at >= 3 training-compute values), a scaling section fits L(C) = E + A C^-alpha per arm and gives
 compute multipliers against the baseline (analysis/scaling.py).
+
+When the runs come from the verdict protocol (`python -m sweeps.verdict`: tagged `verdict.protocol`), the report is
+the protocol's (analysis/protocol.py): verdicts per size from the seeds stage only, Holm within a family at a size,
+the lr search, scaling fits over the sizes. Per-run tokens/s are always labelled as runs made at different times
+(not paired); `--paired FILE` adds a paired measurement from `python -m ablations.paired --json FILE`.
 
 Exit status: 0 report written; 1 report written but no run was usable (it lists what was left out and why);
 2 nothing written: no experiment / no runs matched / bad filter / unknown baseline / missing store.
@@ -30,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import scaling
+from analysis import context, protocol, scaling
+from analysis.paired import UNPAIRED, load_paired, paired_blocks
 from analysis.plots import loss_curves_figure, quality_figure, save_figure, scaling_figure, variant_styles
 from analysis.stats import COMPARE_METRICS, FRONTIERS, SUMMARY_METRICS, variant_table
 from analysis.verdict import VERDICT_METRIC, Margin, add_verdicts
@@ -53,7 +59,7 @@ RUN_COLUMNS = ("variant", "label", "seed", "run_name", "run_id", "experiment", "
 METRIC_NAMES = {
     "final_val_bpb": "val bpb (bits/byte)",
     "final_val_loss": "val loss (nats/token)",
-    "final_tokens_per_sec": "train tokens/s",
+    "final_tokens_per_sec": "train tokens/s (unpaired)",
 }
 
 
@@ -69,6 +75,9 @@ class Report:
     files: list[Path] = field(default_factory=list)
     margin: Margin = Margin(float("nan"), "none")
     scaling: "Scaling | None" = None
+    paired: dict | None = None  # a measurement of python -m ablations.paired (--paired FILE)
+    paired_path: str | None = None
+    command_args: list = field(default_factory=list)  # options to repeat in the Regenerate command
 
     @property
     def exit_code(self) -> int:
@@ -222,8 +231,10 @@ def verdict_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Per non-baseline variant: every number behind its verdict (val bpb)."""
     m = VERDICT_METRIC
     headers = ["variant", "Δ val bpb", "95% Welch CI", "95% bootstrap CI", "p (Welch)", "p (Holm)",
-               "90% CI (TOST)", "p (TOST)", "p (TOST, Holm)", "verdict"]
+               "90% CI (TOST)", "p (TOST)", "p (TOST, Holm)", "verdict", "params vs baseline"]
     rows = []
+    base = table[table["is_baseline"]]
+    base_params = float(base["params_mean"].iloc[0]) if len(base) else float("nan")
     for _, r in table.iterrows():
         if r["is_baseline"]:
             continue
@@ -235,8 +246,17 @@ def verdict_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                      ci(r[f"delta_{m}_ci_low"], r[f"delta_{m}_ci_high"]),
                      ci(r[f"boot_ci_low_{m}"], r[f"boot_ci_high_{m}"]), _p(r[f"p_{m}"]), _p(r[f"p_holm_{m}"]),
                      ci(r[f"tost_ci_low_{m}"], r[f"tost_ci_high_{m}"]), _p(r[f"p_tost_{m}"]),
-                     _p(r[f"p_tost_holm_{m}"]), r["verdict"]])
+                     _p(r[f"p_tost_holm_{m}"]), r["verdict"], _params_vs(r["params_mean"], base_params)])
     return headers, rows
+
+
+def _params_vs(params: float, base: float) -> str:
+    """Whether a variant's parameter count differs from the baseline's, with both counts."""
+    if not (np.isfinite(params) and np.isfinite(base)):
+        return "n/a"
+    if params == base:
+        return "same"
+    return f"**differs**: {params:,.0f} vs {base:,.0f} ({100 * (params / base - 1):+.1f}%)"
 
 
 def comparison_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -296,11 +316,11 @@ class Prepared:
 
 
 def prepare(query: str, tracking_uri: str | None = None, baseline: str | None = None,
-            filter_string: str = "", margin: float | None = None) -> Prepared:
+            filter_string: str = "", margin: float | None = None, runset: RunSet | None = None) -> Prepared:
     """Load and summarise the runs of `query` (experiment name or MLflow filter). Raises AnalysisError when no run
     matched or the baseline has no usable runs. `margin`: the equivalence margin of the verdicts in bits/byte
-    (default: one baseline seed std)."""
-    runset = load_runs(query, tracking_uri, filter_string)
+    (default: one baseline seed std). `runset`: runs already loaded for this query."""
+    runset = runset if runset is not None else load_runs(query, tracking_uri, filter_string)
     if runset.runs.empty:
         raise AnalysisError(f"no runs for {runset.description} at {display_uri(runset.tracking_uri)}; "
                             "nothing written")
@@ -360,10 +380,22 @@ def _left_out_rows(lo: pd.DataFrame, shared=()):
 
 # ---------------------------------------------------------------- the report
 def build_report(query: str, out: str | Path, baseline: str | None = None, tracking_uri: str | None = None,
-                 filter_string: str = "", formats=("png",), margin: float | None = None) -> Report:
-    """Read the runs, write every file of the report into `out`, return a Report. Raises AnalysisError when nothing
-    can be written (no such experiment, no runs, unknown baseline, bad margin, ...)."""
-    data = prepare(query, tracking_uri=tracking_uri, baseline=baseline, filter_string=filter_string, margin=margin)
+                 filter_string: str = "", formats=("png",), margin: float | None = None,
+                 paired: str | None = None) -> "Report | protocol.ProtocolReport":
+    """Read the runs, write every file of the report into `out`, return a Report (a protocol.ProtocolReport when
+    the runs come from the verdict protocol). Raises AnalysisError when nothing can be written (no such experiment,
+    no runs, unknown baseline, bad margin, unreadable --paired file, ...)."""
+    paired_res = load_paired(paired) if paired else None  # a bad file fails before anything is read or written
+    runset = load_runs(query, tracking_uri, filter_string)
+    if runset.runs.empty:
+        raise AnalysisError(f"no runs for {runset.description} at {display_uri(runset.tracking_uri)}; "
+                            "nothing written")
+    args = _option_args(filter_string, baseline, margin, paired)
+    if protocol.is_protocol(runset):
+        return protocol.build(runset, out, baseline=baseline, margin=margin, formats=formats, paired=paired,
+                              command_args=args)
+    data = prepare(query, tracking_uri=tracking_uri, baseline=baseline, filter_string=filter_string, margin=margin,
+                   runset=runset)
     runset, included, baseline, styles, table, hist = (data.runset, data.runset.included, data.baseline,
                                                       data.styles, data.table, data.hist)
     left_out = data.left_out
@@ -378,7 +410,7 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
         for ext in ("png", "svg", "pdf"):
             (figdir / f"{name}.{ext}").unlink(missing_ok=True)
     report = Report(out=out, runset=runset, baseline=baseline, table=table, left_out=left_out, labels=data.labels,
-                    shared=data.shared, margin=data.margin)
+                    shared=data.shared, margin=data.margin, paired=paired_res, paired_path=paired)
     report.scaling = scaling_analysis(data) if len(included) else None
 
     figures: dict[str, str] = {}
@@ -404,6 +436,8 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
     _write(out / "left_out.csv", left_out.to_csv(index=False, lineterminator="\n"), report)
 
     blocks = _blocks(report, figures, filter_string)
+    blocks = context.insert_section(blocks, out, included, data.variants, data.labels, runset.tracking_uri, formats,
+                                    report.files)  # evaluations at other contexts, when any (analysis/context.py)
     title = f"Ablation report: {runset.description}"
     _write(out / "summary.md", summary_markdown(table), report)
     _write(out / "index.md", render_markdown(blocks), report)
@@ -423,6 +457,16 @@ def _write(path: Path, text: str, report: Report) -> None:
     report.files.append(path)
 
 
+def _option_args(filter_string: str, baseline: str | None, margin: float | None, paired: str | None) -> list[str]:
+    """The options a Regenerate command repeats (besides the query, tracking URI and --out)."""
+    args = ["--filter", filter_string] if filter_string else []
+    if baseline:
+        args += ["--baseline", baseline]
+    if margin is not None:
+        args += ["--margin", f"{margin:g}"]
+    return args + (["--paired", paired] if paired else [])
+
+
 def _command(report: Report, filter_string: str) -> str:
     args = ["python", "-m", "analysis.report", report.runset.query,
             "--tracking-uri", display_uri(report.runset.tracking_uri)]
@@ -430,6 +474,10 @@ def _command(report: Report, filter_string: str) -> str:
         args += ["--filter", filter_string]
     if report.baseline:
         args += ["--baseline", report.labels.get(report.baseline, report.baseline)]
+    if np.isfinite(report.margin.value) and report.margin.source.startswith("given"):
+        args += ["--margin", f"{report.margin.value:g}"]
+    if report.paired_path:
+        args += ["--paired", report.paired_path]
     return " ".join(shlex.quote(a) for a in args) + " --out DIR"
 
 
@@ -452,7 +500,8 @@ def _blocks(report: Report, figures: dict, filter_string: str) -> list:
         b.append(("p", f"Baseline variant: `{report.labels[report.baseline]}`. Values are mean ± std over seeds (sample std, "
                        "ddof=1); differences are variant minus baseline with a 95% Welch confidence interval and "
                        "Welch's t-test p-value; **not significant** means p ≥ 0.05; n/a with fewer than two "
-                       "seeds on either side."))
+                       "seeds on either side. Train tokens/s are per run, from " + UNPAIRED + ": a difference "
+                       "between variants is not a speed comparison (see [Paired throughput](#paired-throughput))."))
         b.extend(_verdict_intro(report))
         b.append(("h2", "Results per variant"))
         h, r = summary_rows(table)
@@ -481,6 +530,7 @@ def _blocks(report: Report, figures: dict, filter_string: str) -> list:
                 b.append(("img", "val bpb against training tokens/s", figures["quality_vs_train_throughput"]))
                 b.append(("img", "val bpb against decode tokens/s", figures["quality_vs_decode_throughput"]))
         b.extend(_scaling_blocks(report, figures))
+        b.extend(paired_blocks(report.paired, report.paired_path))
         b.append(("h2", "Loss curves"))
         b.append(("p", "Mean over seeds; the band is ±1 std over seeds."))
         b.append(("img", "train and val loss against step", figures["loss_vs_step"]))
@@ -606,16 +656,21 @@ def main(argv=None) -> int:
                         help="figure format(s); repeatable (default: png)")
     parser.add_argument("--margin", type=float, default=None,
                         help="equivalence margin m in bits/byte for the verdicts (default: one baseline seed std, "
-                             "printed)")
+                             "printed; per size in a protocol report)")
+    parser.add_argument("--paired", default=None, metavar="FILE",
+                        help="a paired throughput measurement: the JSON of python -m ablations.paired --json FILE")
     args = parser.parse_args(argv)
     out = args.out or str(Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", args.query).strip("_") or "report"))
     try:
         report = build_report(args.query, out, baseline=args.baseline, tracking_uri=args.tracking_uri,
                               filter_string=args.filter, formats=tuple(args.formats or ("png",)),
-                              margin=args.margin)
+                              margin=args.margin, paired=args.paired)
     except AnalysisError as exc:
         print(f"analysis.report: error: {exc}", file=sys.stderr)
         return 2
+    if isinstance(report, protocol.ProtocolReport):
+        print("\n".join(report.summary_lines()))
+        return report.exit_code
     rs = report.runset
     n_left = int((report.left_out["scope"] == "report").sum()) if len(report.left_out) else 0
     print(f"report for {rs.description}: {len(rs.included)} runs of {len(report.table)} variants, "

@@ -105,3 +105,175 @@ def test_learned_positions_keep_the_crop():
         model.generate(randint(1, 4), 2, max_context=17)
     with pytest.raises(ValueError, match=r"invalid max_context=0"):
         tiny("rope").generate(randint(1, 4), 2, max_context=0)
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+from ablations.evaluate import score, windows  # noqa: E402
+
+
+def nll_at(model, inputs: torch.Tensor, target: int) -> float:
+    """NLL of `target` after the 1-D `inputs`, positions 0..len-1."""
+    with torch.no_grad():
+        logits = model(inputs[None])[0, -1].double()
+    return float(-torch.log_softmax(logits, -1)[target])
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "learned"])
+def test_sliding_stride_one_equals_a_hand_rolled_loop(position):
+    """Stride 1: target j is scored once, after exactly the min(c, j + 1) tokens before it."""
+    model = tiny(position)
+    c = 8 if position == "learned" else 24  # past block_size 16 where the scheme allows it
+    tokens = randint(60, seed=7)
+    ref = sum(nll_at(model, tokens[max(0, j + 1 - c):j + 1], int(tokens[j + 1])) for j in range(59))
+    total, n = score(model, tokens, c, "sliding", stride=1, batch_size=5)
+    assert n == 59
+    assert math.isclose(total, ref, rel_tol=1e-5)
+
+
+def test_sliding_with_a_stride_and_nonoverlap_equal_hand_rolled_loops():
+    """Stride s: windows end at c, c+s, ... (and at the last target); each scores the targets after the previous
+    window's end, with the c tokens before the window's end as input. Nonoverlap: disjoint chunks of c."""
+    model = tiny("t5bias")
+    tokens, c, s = randint(71, seed=8), 20, 6
+    ref, prev = 0.0, 0
+    for end in list(range(c, 70, s)) + [70]:
+        for j in range(prev, end):
+            ref += nll_at(model, tokens[max(0, end - c):j + 1], int(tokens[j + 1]))
+        prev = end
+    total, n = score(model, tokens, c, "sliding", stride=s)
+    assert n == 70 and math.isclose(total, ref, rel_tol=1e-5)
+    ref = sum(nll_at(model, tokens[b:j + 1], int(tokens[j + 1])) for b in range(0, 70, c) for j in range(b, min(b + c, 70)))
+    total, n = score(model, tokens, c, "nonoverlap")
+    assert n == 70 and math.isclose(total, ref, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("n,c,mode,stride", [(100, 16, "nonoverlap", None), (100, 16, "sliding", 4),
+                                             (100, 16, "sliding", None), (10, 16, "sliding", 3), (37, 8, "sliding", 8),
+                                             (37, 8, "sliding", 5), (5, 8, "nonoverlap", None)])
+def test_windows_score_every_target_once_with_at_most_c_inputs(n, c, mode, stride):
+    scored = []
+    for begin, end, k in windows(n, c, mode, stride):
+        assert 0 <= begin < end <= n and end - begin <= c and 1 <= k <= end - begin
+        scored += range(end - k, end)
+    assert scored == list(range(n))
+
+
+# ------------------------------------------------------------------------------------------ the command, end to end
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, shakespeare_path):
+    """Two tiny runs (learned, rope; context 32) recorded in a fresh store by the real ablations.run."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    cwd = tmp_path_factory.mktemp("ctx") / "job"
+    cwd.mkdir()
+    uri = f"sqlite:///{cwd}/mlflow.db"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(ABLATIONS_CACHE_DIR=str(cwd.parent / "token-cache"), PYTHONPATH=str(Path(__file__).parents[1]))
+    args = ["-m", "model=tiny", "position=learned,rope", "data=shakespeare", f"data.path={shakespeare_path}",
+            "tokenizer=char", "data.batch_size=4", "data.val_windows=4", "trainer.max_steps=3",
+            "trainer.val_check_interval=3", "trainer.enable_progress_bar=false", "generate.max_new_tokens=4",
+            "generate.bench_decode_tokens=2", "generate.bench_prefill_tokens=8", "threads=1", f"tracking.uri={uri}"]
+    r = subprocess.run([sys.executable, "-m", "ablations.run", *args], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    cl = MlflowClient(uri)
+    runs = cl.search_runs([cl.get_experiment_by_name("ablations").experiment_id])
+    return uri, cl, {run.data.tags["choice.position"]: run.info.run_id for run in runs}, env["ABLATIONS_CACHE_DIR"]
+
+
+def evaluate_cli(trained, monkeypatch, *args):
+    from ablations.evaluate import main
+
+    uri, _, _, cache = trained
+    monkeypatch.setenv("ABLATIONS_CACHE_DIR", cache)
+    return main([f"tracking.uri={uri}", "threads=1", "eval.max_tokens=200", *args])
+
+
+def history(cl, run_id, key):
+    return {m.step: m.value for m in cl.get_metric_history(run_id, key)}
+
+
+def test_evaluate_logs_every_context_and_mode_into_the_run(trained, monkeypatch, capsys):
+    uri, cl, runs, _ = trained
+    rid = runs["rope"]
+    assert evaluate_cli(trained, monkeypatch, f"run_id={rid}", "eval.contexts=[16,64]", "eval.mode=nonoverlap") == 0
+    assert evaluate_cli(trained, monkeypatch, f"run_id={rid}", "eval.contexts=[16,64]", "eval.mode=sliding",
+                        "eval.stride=8") == 0
+    assert evaluate_cli(trained, monkeypatch, f"run_id={rid}", "eval.contexts=[64]", "eval.mode=sliding",
+                        "position.scaling={name: yarn, factor: 2, original_max: 32}") == 0
+    out = capsys.readouterr().out
+    assert "eval/sliding/bpb@64 = " in out and "eval/sliding/yarn2/bpb@64 = " in out
+    for mode in ("nonoverlap", "sliding"):
+        bpb, loss = history(cl, rid, f"eval/{mode}/bpb"), history(cl, rid, f"eval/{mode}/loss")
+        assert sorted(bpb) == [16, 64] and history(cl, rid, f"eval/{mode}/tokens") == {16: 200, 64: 200}
+        for c in (16, 64):  # char tokens of this ASCII corpus are single bytes: bpb = loss / ln 2
+            assert math.isclose(bpb[c], loss[c] / math.log(2), rel_tol=1e-6) and 2 < bpb[c] < 8
+    kv = history(cl, rid, "eval/sliding/kv_cache_bytes")
+    assert kv[64] == 2 * kv[16] * 2  # linear in the context: 64 / 16 = 4
+    assert sorted(history(cl, rid, "eval/sliding/yarn2/bpb")) == [64]
+    tags = cl.get_run(rid).data.tags
+    assert tags["eval.sliding.stride"] == "8" and '"name": "yarn"' in tags["eval.scaling.yarn2"]
+
+
+def test_evaluate_refuses_contexts_past_a_learned_table(trained, monkeypatch, capsys):
+    uri, cl, runs, _ = trained
+    rid = runs["learned"]
+    assert evaluate_cli(trained, monkeypatch, f"run_id={rid}", "eval.contexts=[16,32,64,128]") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err == (f"error: eval.contexts=[64, 128] refused for run {rid}: position=learned has a table of 32 "
+                   f"positions (block_size) and cannot go past it; evaluated [16, 32]; use contexts <= 32")
+    assert sorted(history(cl, rid, "eval/nonoverlap/bpb")) == [16, 32]  # what it could do, it did
+    assert evaluate_cli(trained, monkeypatch, f"run_id={rid}", "eval.contexts=[64]",
+                        "position.scaling={name: linear, factor: 2}") == 2
+    assert "needs a rope run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arg,message", [
+    ("eval.mode=strided", "eval.mode='strided': choose one of nonoverlap, sliding"),
+    ("eval.contexts=[0,64]", "eval.contexts=[0, 64]: expected a list of integers >= 1"),
+    ("eval.stride=4", "eval.stride=4 only applies to eval.mode=sliding"),
+    ("eval.window=4", "unknown option 'eval.window'"),
+])
+def test_evaluate_bad_input_is_one_line(trained, monkeypatch, capsys, arg, message):
+    assert evaluate_cli(trained, monkeypatch, f"run_id={trained[2]['rope']}", arg) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------------------ the report section
+def test_degradation_is_paired_within_runs_with_a_t_interval():
+    """Three seeds whose bpb rises by 0.10, 0.20, 0.30 from 64 to 128: mean +0.2000, 95% CI
+    0.2 ± t(0.975, 2) * 0.1 / sqrt(3) = 0.2 ± 4.302653 * 0.057735 = [-0.0484, +0.4484] (t from a t table)."""
+    import pandas as pd
+
+    from analysis.context import degradation_rows
+
+    rows = [{"arm": "rope", "run_id": f"r{i}", "mode": "sliding", "context": c, "bpb": b + (d if c == 128 else 0)}
+            for i, (b, d) in enumerate([(3.0, 0.1), (2.0, 0.3), (2.5, 0.2)]) for c in (64, 128)]
+    headers, table = degradation_rows(pd.DataFrame(rows), "sliding", ["rope"])
+    assert headers == ["arm", "bpb@128 − bpb@64 [95% CI]"]
+    assert table == [["`rope`", "+0.2000 [-0.0484, +0.4484]"]]
+
+
+def test_report_has_the_context_section_and_regenerates_byte_for_byte(trained, monkeypatch, tmp_path):
+    from analysis.report import build_report
+
+    uri, cl, runs, _ = trained
+    assert evaluate_cli(trained, monkeypatch, f"run_id={runs['rope']}", "eval.contexts=[16,64]") == 0
+    assert evaluate_cli(trained, monkeypatch, f"run_id={runs['learned']}", "eval.contexts=[16]") == 0
+    first = build_report("ablations", tmp_path / "a", tracking_uri=uri)
+    build_report("ablations", tmp_path / "b", tracking_uri=uri)
+    for name in ("index.md", "context.csv", "figures/bpb_vs_context.png", "figures/bpb_vs_kv_cache_at_context.png"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert tmp_path / "a" / "context.csv" in first.files
+    md = (tmp_path / "a" / "index.md").read_text()
+    assert "## Context length" in md and md.index("## Context length") < md.index("## Loss curves")
+    bpb = history(cl, runs["rope"], "eval/nonoverlap/bpb")[64]
+    section = md[md.index("## Context length"):md.index("## Loss curves")]
+    assert f"{bpb:.4f}" in section and "bpb@64" in section  # the store's value, as logged
