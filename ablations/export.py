@@ -56,11 +56,11 @@ def _facts(model) -> dict:
         "hidden": mlp.c_proj.in_features, "n_embd": c.n_embd, "head_size": c.n_embd // c.n_head,
     }
     if hasattr(attn, "c_attn"):
-        f["n_kv_head"] = (attn.c_attn.out_features // f["head_size"] - c.n_head) // 2
+        f["n_kv_head"] = c.n_kv_head
     if hasattr(attn, "c_kv_up"):
         f["kv_latent_dim"] = attn.c_kv_up.in_features
-        f["rope_dim"] = attn.c_kv_down.out_features - attn.c_kv_up.in_features
-    f["window"] = getattr(c.attention, "window", None) if c.attention.name == "sliding" else None
+        f["rope_dim"] = c.rotary_dim
+    f["window"] = c.window  # the attention's own window (None: full causal)
     return f
 
 
