@@ -28,7 +28,7 @@ Y_LABELS = {
 }
 COST_LABELS = {
     "kv_cache_bytes_per_token": "KV cache per token (bytes)",
-    "final_tokens_per_sec": "training throughput (tokens/s)",
+    "final_tokens_per_sec": "training throughput (tokens/s per run, not paired)",
     "decode_tokens_per_sec": "decode throughput (tokens/s, batch 1, KV cache)",
 }
 QUALITY = "final_val_bpb"

@@ -108,21 +108,33 @@ def compute_multiplier(baseline_fit: ScalingFit, arm_loss, arm_compute) -> np.nd
     return baseline_fit.compute_for_loss(arm_loss) / np.asarray(arm_compute, dtype=float)
 
 
-def bootstrap_multiplier(base_compute, base_loss, arm_loss, arm_compute: float, n_resamples: int = 200,
-                         confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap CI of the compute multiplier over seeds: the baseline's runs are resampled with
-    replacement within each compute level (every rung keeps its size), its law refitted; the arm's seeds at
-    `arm_compute` are resampled and averaged. Quantiles without interpolation (an infinite multiplier stays one)."""
+def bootstrap_baseline_fits(base_compute, base_loss, n_resamples: int = 200, seed: int = 0) -> list[ScalingFit]:
+    """The baseline's law refitted on `n_resamples` resamples of its runs: with replacement within each compute
+    level (every rung keeps its size), warm-started from the fit of all runs. Shared by every arm's CI."""
     rng = np.random.default_rng(seed)
     base_compute = np.asarray(base_compute, dtype=float)
     base_loss = np.asarray(base_loss, dtype=float)
-    arm_loss = np.asarray([v for v in arm_loss if np.isfinite(v)], dtype=float)
     rungs = [np.flatnonzero(base_compute == c) for c in np.unique(base_compute)]
     full = fit_scaling_law(base_compute, base_loss)
-    out = np.empty(n_resamples)
-    for i in range(n_resamples):
+    fits = []
+    for _ in range(n_resamples):
         idx = np.concatenate([rng.choice(r, size=len(r), replace=True) for r in rungs])
-        fit = fit_scaling_law(base_compute[idx], base_loss[idx], start=full)
+        fits.append(fit_scaling_law(base_compute[idx], base_loss[idx], start=full))
+    return fits
+
+
+def bootstrap_multiplier(base_compute, base_loss, arm_loss, arm_compute: float, n_resamples: int = 200,
+                         confidence: float = 0.95, seed: int = 0, base_fits: list | None = None) -> tuple[float, float]:
+    """Percentile bootstrap CI of the compute multiplier over seeds: in resample i the baseline's law is refitted
+    on a resample of its runs (`bootstrap_baseline_fits`, or `base_fits` already made so) and the arm's seeds at
+    `arm_compute` are resampled and averaged (their own random stream, seeded by `seed`). Quantiles without
+    interpolation (an infinite multiplier stays one)."""
+    fits = base_fits if base_fits is not None else bootstrap_baseline_fits(base_compute, base_loss, n_resamples,
+                                                                             seed)
+    rng = np.random.default_rng([seed, 1])
+    arm_loss = np.asarray([v for v in arm_loss if np.isfinite(v)], dtype=float)
+    out = np.empty(len(fits))
+    for i, fit in enumerate(fits):
         loss = rng.choice(arm_loss, size=len(arm_loss), replace=True).mean()
         out[i] = compute_multiplier(fit, loss, arm_compute)
     lo, hi = np.quantile(out, [(1 - confidence) / 2, (1 + confidence) / 2], method="inverted_cdf")
@@ -158,6 +170,8 @@ def scaling_table(points: pd.DataFrame, baseline_arm: str, metric: str = "final_
             fits[arm] = fit_scaling_law(part["compute"], part[metric])
     base_fit = fits.get(baseline_arm)
     base = points[points["arm"] == baseline_arm]
+    base_fits = bootstrap_baseline_fits(base["compute"], base[metric], n_resamples, seed) \
+        if base_fit is not None and points["arm"].nunique() > 1 else None
     rows = []
     arms = [baseline_arm] + sorted(a for a in points["arm"].unique() if a != baseline_arm)
     for arm in arms:
@@ -173,6 +187,6 @@ def scaling_table(points: pd.DataFrame, baseline_arm: str, metric: str = "final_
         if base_fit is not None and arm != baseline_arm:
             row["multiplier"] = float(compute_multiplier(base_fit, at_top.mean(), top))
             row["multiplier_ci_low"], row["multiplier_ci_high"] = bootstrap_multiplier(
-                base["compute"], base[metric], at_top, top, n_resamples=n_resamples, seed=seed)
+                base["compute"], base[metric], at_top, top, n_resamples=n_resamples, seed=seed, base_fits=base_fits)
         rows.append(row)
     return pd.DataFrame(rows), fits

@@ -14,7 +14,7 @@ ALPHA = 0.05
 SUMMARY_METRICS = (
     ("final_val_loss", "val loss (nats/token)"),
     ("final_val_bpb", "val bpb (bits/byte)"),
-    ("final_tokens_per_sec", "train tokens/s"),
+    ("final_tokens_per_sec", "train tokens/s (unpaired)"),
     ("final_mfu", "MFU"),
     ("params", "params"),
     ("kv_cache_bytes_per_token", "KV cache (bytes/token)"),

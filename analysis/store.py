@@ -56,6 +56,23 @@ RUN_TAGS = (
     "failure_reason",
     "pruned",
 )
+# Tags of the verdict protocol (python -m sweeps.verdict; analysis/protocol.py reads them): which protocol, arm,
+# family, baseline arm, model size and stage (`lr`: the lr grid at one seed; `seeds`: the seeds at the best lr) a
+# run belongs to, its size's FLOP budget and (seeds stage) the lr it ran at.
+VERDICT_TAGS = (
+    "verdict.protocol",
+    "verdict.arm",
+    "verdict.family",
+    "verdict.baseline",
+    "verdict.size",
+    "verdict.stage",
+    "verdict.budget_flops",
+    "verdict.lr",
+)
+# Counters logged every step whose latest value (the last step's) is what a run spent: compute and tokens.
+LAST_STEP_METRICS = ("flops_seen", "tokens_seen", "budget_flops")
+# Params read into the run frame (as floats): the learning rate the run trained at.
+RUN_PARAMS = ("optim.lr",)
 CHOICE_PREFIX = "choice."
 # Choices of the GPT-2 baseline (the harness defaults); used only to pick a default baseline variant.
 BASELINE_CHOICES = {"position": "learned", "norm": "layernorm", "mlp": "gelu", "attention": "mha"}
@@ -235,14 +252,19 @@ def runs_frame(runs, experiments: dict[str, str] | None = None) -> pd.DataFrame:
         for tag in RUN_TAGS:
             if tag not in ("variant", "seed"):
                 row[tag] = tags.get(tag)
+        for tag in VERDICT_TAGS:
+            row[tag] = tags.get(tag)
         for key, value in tags.items():
             if key.startswith(CHOICE_PREFIX):
                 row[key] = value
-        for key in ONCE_METRICS:
+        for key in ONCE_METRICS + LAST_STEP_METRICS:
             row[key] = _to_float(metrics.get(key))
+        for key in RUN_PARAMS:
+            row[key] = _to_float(params.get(key))
         rows.append(row)
     columns = ["run_id", "run_name", "experiment", "status", "start_time", "end_time", "variant", "seed",
-               *[t for t in RUN_TAGS if t not in ("variant", "seed")], *ONCE_METRICS]
+               *[t for t in RUN_TAGS if t not in ("variant", "seed")], *VERDICT_TAGS, *ONCE_METRICS,
+               *LAST_STEP_METRICS, *RUN_PARAMS]
     frame = pd.DataFrame(rows)
     if frame.empty:
         return pd.DataFrame(columns=columns)
@@ -262,11 +284,24 @@ def _status_reason(row) -> str:
     return f"run still {status} (not finished)"
 
 
+def _identity(frame: pd.DataFrame) -> pd.Series:
+    """What makes two finished runs the same measurement: variant and seed; for a run of the verdict protocol also
+    its protocol, arm, size, stage and lr (the lr stage runs one seed at several lrs that may share a variant)."""
+    def one(row) -> str:
+        parts = [str(row["variant"]), str(row["seed"])]
+        if pd.notna(row.get("verdict.protocol")):
+            parts += [str(row.get(t)) for t in ("verdict.protocol", "verdict.arm", "verdict.size", "verdict.stage")]
+            parts.append(repr(row.get("optim.lr")))
+        return "\x1f".join(parts)
+    return frame.apply(one, axis=1) if len(frame) else pd.Series([], dtype=str)
+
+
 def split_runs(frame: pd.DataFrame, required=REQUIRED_METRICS) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Split a run frame into (included, left_out).
 
     Included: FINISHED runs whose required metrics are present and finite; of several finished runs with the same
-    variant and seed only the newest is kept. Every other run gets a row in left_out with the reason.
+    variant and seed (for runs of the verdict protocol: and protocol, arm, size, stage and lr) only the newest is
+    kept. Every other run gets a row in left_out with the reason.
     """
     left = []
 
@@ -287,11 +322,12 @@ def split_runs(frame: pd.DataFrame, required=REQUIRED_METRICS) -> tuple[pd.DataF
     included = pd.DataFrame(keep, columns=frame.columns)
     if len(included):
         included = included.sort_values(["start_time", "run_id"], ascending=False)
-        dup = included.duplicated(["variant", "seed"], keep="first") & included["seed"].notna()
-        newest = included[~dup].set_index(["variant", "seed"])["run_id"] if dup.any() else None
-        for _, row in included[dup].iterrows():
-            leave(row, f"superseded by newer run {newest.loc[(row['variant'], row['seed'])]} "
-                       "with the same variant and seed")
+        key = _identity(included)
+        dup = key.duplicated(keep="first") & included["seed"].notna()
+        newest = dict(zip(key[~dup], included.loc[~dup, "run_id"]))
+        for i, row in included[dup].iterrows():
+            leave(row, f"superseded by newer run {newest[key[i]]} with the same variant and seed"
+                       + (" (and protocol size, stage and lr)" if pd.notna(row.get("verdict.protocol")) else ""))
         included = included[~dup]
         included = included.sort_values(["variant", "seed", "run_id"]).reset_index(drop=True)
     left_out = pd.DataFrame(left, columns=["run_id", "run_name", "variant", "seed", "status", "scope", "reason"])

@@ -1,0 +1,540 @@
+"""The report of a verdict protocol (`python -m sweeps.verdict`): its runs carry `verdict.*` tags.
+
+    python -m analysis.report <experiment> [--margin M] [--baseline ARM] [--paired FILE]
+
+(the same command as any report: it switches to this one when the matched runs carry `verdict.protocol`). Sections:
+
+- **Verdicts per size**: at each model size, every arm against the baseline arm on final val bpb, from the *seeds*
+  stage only (the lr stage's runs choose the lr; the winner of a search is biased low, so they never enter the
+  statistics). Welch and TOST p-values are Holm-adjusted across the arms of one family at one size; the verdict is
+  exactly one of better / worse / equivalent within ±m / inconclusive (analysis/verdict.py). The margin m is
+  `--margin`, else the baseline arm's seed std at that size (printed per size). Each row gives the arm's lr and
+  whether its parameter count differs from the baseline's.
+- **lr search**: per size and arm, final val bpb at each lr of the grid, the chosen lr (the one the seeds ran at)
+  marked, and a note when it is at an edge of the grid (the optimum may lie outside).
+- **Scaling**: per arm, mean final loss against compute (a run's `flops_seen` at its last step: the budget actually
+  spent) over the sizes, the fits L(C) = E + A C^-alpha, compute multipliers against the baseline with bootstrap CIs
+  over seeds, a log-log figure; with as many compute levels as the law has parameters (3) the fit interpolates and
+  the report says so.
+- **Throughput**: per-run tokens/s labelled as runs made at different times (not paired); a paired measurement
+  (`python -m ablations.paired --json FILE`) is shown when given with `--paired FILE`.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import scaling
+from analysis.paired import UNPAIRED, paired_blocks
+from analysis.store import AnalysisError, RunSet, display_uri
+from analysis.verdict import VERDICT_METRIC, Margin, choose_margin, compare_family
+
+STAGE_LR, STAGE_SEEDS = "lr", "seeds"
+SCALING_METRIC = "final_val_loss"
+SCALING_FIGURE = "loss_vs_compute"
+FILES = ("index.md", "index.html", "verdicts.csv", "lr_search.csv", "scaling.csv", "scaling_points.csv", "runs.csv",
+         "left_out.csv")
+RUN_COLUMNS = ("verdict.protocol", "verdict.size", "verdict.family", "verdict.arm", "verdict.stage", "seed",
+               "optim.lr", "verdict.budget_flops", "run_id", "run_name", "git_commit", "git_dirty",
+               "data_fingerprint", "precision", "device", "final_val_loss", "final_val_bpb", "params",
+               "flops_per_token", "flops_seen", "tokens_seen", "final_tokens_per_sec")
+
+
+def is_protocol(runset: RunSet) -> bool:
+    """Whether the matched runs come from the verdict protocol (any run tagged `verdict.protocol`)."""
+    runs = runset.runs
+    return "verdict.protocol" in runs and bool(runs["verdict.protocol"].notna().any())
+
+
+def _lr_key(v) -> float:
+    """lrs compare by value, not by spelling ('0.006' param, '6e-03' tag): 6 significant digits."""
+    v = float(v)
+    return float(f"{v:.6g}") if math.isfinite(v) else math.nan
+
+
+@dataclass
+class Protocol:
+    """The runs of one protocol, split by stage, with its sizes (smallest budget first), arms and families."""
+
+    name: str
+    runset: RunSet
+    seeds: pd.DataFrame  # FINISHED seeds-stage runs with the required metrics: the statistics use only these
+    lr: pd.DataFrame  # FINISHED lr-stage runs with the required metrics
+    lr_failed: pd.DataFrame  # lr-stage runs that are not results (FAILED, KILLED, ...)
+    sizes: list
+    baseline: str
+    arms: list  # baseline first, then by (family, name)
+    family: dict  # arm -> family
+    left_out: pd.DataFrame
+
+
+def select(runset: RunSet, baseline: str | None = None) -> Protocol:
+    """The protocol's runs from a RunSet (AnalysisError when several protocols match or the baseline is unknown).
+    Runs without protocol tags are left out, with the reason."""
+    runs, inc = runset.runs, runset.included
+    names = sorted(runs["verdict.protocol"].dropna().astype(str).unique())
+    if len(names) > 1:
+        raise AnalysisError(f"runs of {len(names)} verdict protocols match ({', '.join(names)}); report one with "
+                            f"--filter \"tags.`verdict.protocol` = '{names[0]}'\"")
+    name = names[0]
+    lo = runset.left_out.copy()
+    foreign = inc[inc["verdict.protocol"] != name]
+    if len(foreign):
+        extra = pd.DataFrame({"run_id": foreign["run_id"], "run_name": foreign["run_name"],
+                              "variant": foreign["variant"], "seed": foreign["seed"], "status": foreign["status"],
+                              "scope": "report", "reason": f"not a run of the verdict protocol `{name}`"})
+        lo = pd.concat([lo, extra], ignore_index=True)
+    inc = inc[inc["verdict.protocol"] == name].copy()
+    missing = inc[inc["verdict.arm"].isna() | inc["verdict.size"].isna() | ~inc["verdict.stage"].isin(
+        [STAGE_LR, STAGE_SEEDS])]
+    if len(missing):
+        extra = pd.DataFrame({"run_id": missing["run_id"], "run_name": missing["run_name"],
+                              "variant": missing["variant"], "seed": missing["seed"], "status": missing["status"],
+                              "scope": "report", "reason": "verdict.arm, verdict.size or verdict.stage tag missing"})
+        lo = pd.concat([lo, extra], ignore_index=True)
+        inc = inc.drop(missing.index)
+    if len(lo):
+        lo["seed"] = lo["seed"].astype("Int64")
+        lo = lo.sort_values(["variant", "seed", "run_id"], na_position="last").reset_index(drop=True)
+    inc["lr_value"] = inc["optim.lr"].map(_lr_key)
+    seeds = inc[inc["verdict.stage"] == STAGE_SEEDS].reset_index(drop=True)
+    lr = inc[inc["verdict.stage"] == STAGE_LR].reset_index(drop=True)
+    mine = runs[(runs["verdict.protocol"] == name) & (runs["verdict.stage"] == STAGE_LR)]
+    lr_failed = mine[~mine["run_id"].isin(inc["run_id"])].assign(lr_value=lambda f: f["optim.lr"].map(_lr_key))
+    budgets = inc.groupby("verdict.size")["verdict.budget_flops"].first().map(
+        lambda b: float(b) if b is not None else math.inf)
+    sizes = sorted(budgets.index, key=lambda s: (budgets[s], s))
+    family = {a: str(f) for a, f in inc.groupby("verdict.arm")["verdict.family"].first().items()}
+    tagged = sorted(inc["verdict.baseline"].dropna().astype(str).unique())
+    if baseline is None:
+        if len(tagged) != 1:
+            raise AnalysisError(f"the runs name {len(tagged)} baseline arms ({', '.join(tagged) or 'none'}); "
+                                "choose one with --baseline ARM")
+        baseline = tagged[0]
+    if baseline not in family:
+        raise AnalysisError(f"baseline arm {baseline!r} has no usable runs; arms: {', '.join(sorted(family))}")
+    arms = [baseline] + sorted((a for a in family if a != baseline), key=lambda a: (family[a], a))
+    return Protocol(name, runset, seeds, lr, lr_failed, sizes, baseline, arms, family, lo)
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+def _arm_lr(runs: pd.DataFrame) -> float:
+    tags = runs["verdict.lr"].dropna()
+    vals = sorted({_lr_key(v) for v in tags} or set(runs["lr_value"].dropna()))
+    return vals[0] if len(vals) == 1 else math.nan
+
+
+def _params(runs: pd.DataFrame) -> float:
+    v = runs["params"].astype(float)
+    v = v[np.isfinite(v)]
+    return float(v.iloc[0]) if len(v) else math.nan
+
+
+def verdicts(p: Protocol, margin: float | None = None) -> tuple[pd.DataFrame, dict]:
+    """One row per (size, arm) of the seeds stage; the statistics of every non-baseline arm against the baseline
+    at that size, Holm across the arms of its family at that size. Returns (table, {size: Margin})."""
+    rows, margins = [], {}
+    m = VERDICT_METRIC
+    for size in p.sizes:
+        at = p.seeds[p.seeds["verdict.size"] == size]
+        base = at[at["verdict.arm"] == p.baseline]
+        try:
+            mg = choose_margin(base[m].astype(float), margin, m)
+        except ValueError as exc:
+            raise AnalysisError(str(exc)) from None
+        if margin is None and np.isfinite(mg.value):
+            mg = Margin(mg.value, f"{mg.source} of the baseline arm `{p.baseline}` at size {size}")
+        margins[size] = mg
+        base_params = _params(base)
+        present = [a for a in p.arms if a != p.baseline and (at["verdict.arm"] == a).any()]
+        for fam in sorted({p.family[a] for a in present}):
+            members = [a for a in present if p.family[a] == fam]
+            res = compare_family({a: at.loc[at["verdict.arm"] == a, m].astype(float) for a in members},
+                                 base[m].astype(float), mg.value).set_index("arm")
+            for a in members:
+                r = res.loc[a]
+                rows.append(_row(size, a, fam, at[at["verdict.arm"] == a], base_params, m) | {
+                    "delta": r["delta"], "boot_ci_low": r["boot_ci_low"], "boot_ci_high": r["boot_ci_high"],
+                    "p_welch": r["p_welch"], "p_holm": r["p_holm"], "p_tost": r["p_tost"],
+                    "p_tost_holm": r["p_tost_holm"], "tost_ci_low": r["tost_ci_low"],
+                    "tost_ci_high": r["tost_ci_high"], "holm_family_size": len(members), "margin": mg.value,
+                    "verdict": r["verdict"]})
+        if len(base):
+            rows.append(_row(size, p.baseline, p.family[p.baseline], base, base_params, m) | {
+                "margin": mg.value, "verdict": "baseline"})
+    cols = ["size", "arm", "family", "n_seeds", "seeds", "lr", "mean", "std", "params", "params_baseline",
+            "params_differ", "delta", "boot_ci_low", "boot_ci_high", "p_welch", "p_holm", "p_tost", "p_tost_holm",
+            "tost_ci_low", "tost_ci_high", "holm_family_size", "margin", "verdict"]
+    table = pd.DataFrame(rows, columns=cols)
+    if len(table):
+        order = {a: i for i, a in enumerate(p.arms)}
+        table["_s"] = table["size"].map({s: i for i, s in enumerate(p.sizes)})
+        table["_a"] = table["arm"].map(order)
+        table = table.sort_values(["_s", "_a"]).drop(columns=["_s", "_a"]).reset_index(drop=True)
+    return table, margins
+
+
+def _row(size, arm, fam, runs: pd.DataFrame, base_params: float, m: str) -> dict:
+    vals = runs[m].astype(float)
+    params = _params(runs)
+    return {"size": size, "arm": arm, "family": fam, "n_seeds": len(runs),
+            "seeds": ";".join(str(int(s)) for s in sorted(runs["seed"].dropna())), "lr": _arm_lr(runs),
+            "mean": float(vals.mean()), "std": float(vals.std(ddof=1)) if len(vals) > 1 else math.nan,
+            "params": params, "params_baseline": base_params,
+            "params_differ": bool(np.isfinite(params) and np.isfinite(base_params) and params != base_params),
+            "delta": math.nan, "boot_ci_low": math.nan, "boot_ci_high": math.nan, "p_welch": math.nan,
+            "p_holm": math.nan, "p_tost": math.nan, "p_tost_holm": math.nan, "tost_ci_low": math.nan,
+            "tost_ci_high": math.nan, "holm_family_size": 0}
+
+
+def lr_search(p: Protocol) -> tuple[pd.DataFrame, list]:
+    """Per (size, arm): final val bpb of the lr stage at each lr tried (NaN: not tried; failed runs in `failed`),
+    the chosen lr (the seeds stage's `verdict.lr`; without seeds runs, the lr stage's best), and whether it is at
+    an edge of the grid. Returns (table, sorted grid of every lr tried)."""
+    grid = sorted(set(p.lr["lr_value"].dropna()) | set(p.lr_failed["lr_value"].dropna()))
+    rows = []
+    for size in p.sizes:
+        for arm in p.arms:
+            lr_runs = p.lr[(p.lr["verdict.size"] == size) & (p.lr["verdict.arm"] == arm)]
+            bad = p.lr_failed[(p.lr_failed["verdict.size"] == size) & (p.lr_failed["verdict.arm"] == arm)]
+            seeds = p.seeds[(p.seeds["verdict.size"] == size) & (p.seeds["verdict.arm"] == arm)]
+            if not len(lr_runs) and not len(bad) and not len(seeds):
+                continue
+            tried = sorted(set(lr_runs["lr_value"].dropna()) | set(bad["lr_value"].dropna()))
+            by_lr = lr_runs.groupby("lr_value")[VERDICT_METRIC].first().astype(float)
+            chosen = _arm_lr(seeds) if len(seeds) else (float(by_lr.idxmin()) if len(by_lr) else math.nan)
+            best = float(by_lr.idxmin()) if len(by_lr) else math.nan
+            edge = ""
+            if np.isfinite(chosen) and len(tried) > 1:
+                edge = "lowest" if chosen == tried[0] else ("highest" if chosen == tried[-1] else "")
+            row = {"size": size, "arm": arm, "chosen_lr": chosen, "lr_stage_best": best, "edge": edge,
+                   "tried": ";".join(f"{v:g}" for v in tried),
+                   "failed": ";".join(f"{v:g}" for v in sorted(bad["lr_value"].dropna()))}
+            for lr in grid:
+                row[f"bpb@{lr:g}"] = float(by_lr.get(lr, math.nan))
+            rows.append(row)
+    return pd.DataFrame(rows), grid
+
+
+@dataclass
+class ScalingResult:
+    ok: bool
+    summary: str
+    points: pd.DataFrame = field(default_factory=pd.DataFrame)
+    means: pd.DataFrame = field(default_factory=pd.DataFrame)  # per (arm, size): mean compute and loss
+    table: pd.DataFrame = field(default_factory=pd.DataFrame)
+    fits: dict = field(default_factory=dict)
+
+
+def run_compute(runs: pd.DataFrame) -> pd.Series:
+    """Compute a run spent: its `flops_seen` at the last step, else flops_per_token x the last tokens_seen."""
+    fallback = runs["flops_per_token"].astype(float) * runs["tokens_seen"].astype(float)
+    return runs["flops_seen"].astype(float).where(np.isfinite(runs["flops_seen"].astype(float)), fallback)
+
+
+def scaling_section(p: Protocol) -> ScalingResult:
+    s = p.seeds
+    points = pd.DataFrame({"arm": s["verdict.arm"], "size": s["verdict.size"], "seed": s["seed"],
+                           "compute": run_compute(s), SCALING_METRIC: s[SCALING_METRIC].astype(float)})
+    missing = int((~np.isfinite(points["compute"])).sum())
+    points = points[np.isfinite(points["compute"])].reset_index(drop=True)
+    means = points.groupby(["arm", "size"]).agg(n=(SCALING_METRIC, "size"), compute=("compute", "mean"),
+                                                 loss=(SCALING_METRIC, "mean"),
+                                                 loss_std=(SCALING_METRIC, "std")).reset_index()
+    levels = points.loc[points["arm"] == p.baseline, "compute"].nunique()
+    if levels < scaling.MIN_LEVELS:
+        why = (f"skipped: the baseline arm `{p.baseline}` has seeds at {levels} distinct compute value(s); "
+               f"L(C) = E + A C^-alpha needs >= {scaling.MIN_LEVELS}")
+        if missing:
+            why += f"; {missing} run(s) lack flops_seen (and flops_per_token x tokens_seen)"
+        return ScalingResult(False, why, points, means)
+    table, fits = scaling.scaling_table(points, p.baseline, SCALING_METRIC)
+    summary = f"fitted {len(fits)} of {len(table)} arm(s) over {points['compute'].nunique()} compute values"
+    return ScalingResult(True, summary, points, means, table, fits)
+
+
+# ---------------------------------------------------------------------------------------------------- the report
+@dataclass
+class ProtocolReport:
+    out: Path
+    runset: RunSet
+    protocol: Protocol
+    verdicts: pd.DataFrame
+    margins: dict
+    scaling: ScalingResult
+    files: list = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if len(self.protocol.seeds) or len(self.protocol.lr) else 1
+
+    def summary_lines(self) -> list[str]:
+        p = self.protocol
+        lines = [f"protocol report for {self.runset.description} (protocol `{p.name}`): {len(p.seeds)} seeds-stage "
+                 f"and {len(p.lr)} lr-stage runs, {len(p.arms)} arms x {len(p.sizes)} sizes -> "
+                 f"{self.out / 'index.md'}"]
+        for size, mg in self.margins.items():
+            lines.append(f"verdicts at size {size} on {VERDICT_METRIC}: equivalence margin "
+                         f"{_margin_text(mg.value)} bits/byte ({mg.source})")
+        lines.append(f"scaling: {self.scaling.summary}")
+        return lines
+
+
+def _margin_text(m: float) -> str:
+    return f"±{m:.3g}" if np.isfinite(m) else "none"
+
+
+def build(runset: RunSet, out: str | Path, baseline: str | None = None, margin: float | None = None,
+          formats=("png",), paired: str | None = None, command_args: list | None = None) -> ProtocolReport:
+    """Write the protocol report into `out` (only its own files are replaced)."""
+    from analysis.paired import load_paired
+    from analysis.plots import save_figure, scaling_figure, variant_styles
+    from analysis.report import render_html, render_markdown
+
+    p = select(runset, baseline)
+    paired_res = load_paired(paired) if paired else None
+    table, margins = verdicts(p, margin)
+    sc = scaling_section(p)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    figdir = out / "figures"
+    for name in FILES:
+        (out / name).unlink(missing_ok=True)
+    for ext in ("png", "svg", "pdf"):
+        (figdir / f"{SCALING_FIGURE}.{ext}").unlink(missing_ok=True)
+    report = ProtocolReport(out, runset, p, table, margins, sc)
+
+    def write(name: str, text: str) -> None:
+        path = out / name
+        path.write_text(text, encoding="utf-8", newline="\n")
+        report.files.append(path)
+
+    figure = None
+    if sc.ok:
+        styles = variant_styles(p.arms)
+        fig = scaling_figure(sc.points, sc.fits, styles, SCALING_METRIC)
+        figdir.mkdir(parents=True, exist_ok=True)
+        for ext in formats:
+            report.files.append(save_figure(fig, figdir / f"{SCALING_FIGURE}.{ext}"))
+        figure = f"figures/{SCALING_FIGURE}.{formats[0]}"
+        write("scaling.csv", sc.table.to_csv(index=False, lineterminator="\n"))
+    if len(sc.points):
+        write("scaling_points.csv", sc.points.to_csv(index=False, lineterminator="\n"))
+    lrs, grid = lr_search(p)
+    write("verdicts.csv", table.to_csv(index=False, lineterminator="\n"))
+    write("lr_search.csv", lrs.to_csv(index=False, lineterminator="\n"))
+    runs = pd.concat([p.seeds, p.lr], ignore_index=True)
+    write("runs.csv", runs[[c for c in RUN_COLUMNS if c in runs.columns]].to_csv(index=False, lineterminator="\n"))
+    write("left_out.csv", p.left_out.to_csv(index=False, lineterminator="\n"))
+    blocks = _blocks(report, lrs, grid, figure, paired_res, paired, command_args or [])
+    write("index.md", render_markdown(blocks))
+    write("index.html", render_html(blocks, f"Verdict protocol report: {p.name}"))
+    report.files.sort()
+    return report
+
+
+def _f(v: float, digits: int = 4) -> str:
+    return "n/a" if v is None or not np.isfinite(v) else f"{v:.{digits}f}"
+
+
+def _signed(v: float, digits: int = 4) -> str:
+    return "n/a" if not np.isfinite(v) else ("+" if v >= 0 else "−") + f"{abs(v):.{digits}f}"
+
+
+def _pv(v: float) -> str:
+    return "n/a" if not np.isfinite(v) else ("< 0.001" if v < 0.001 else f"{v:.3f}")
+
+
+def _sci(v: float) -> str:
+    return ("∞" if v == np.inf else "n/a") if not np.isfinite(v) else f"{v:.3g}"
+
+
+def _params_text(r) -> str:
+    if not np.isfinite(r["params"]):
+        return "n/a"
+    if r["verdict"] == "baseline" or not np.isfinite(r["params_baseline"]):
+        return f"{r['params']:,.0f}"
+    if not r["params_differ"]:
+        return f"same ({r['params']:,.0f})"
+    rel = r["params"] / r["params_baseline"] - 1
+    return f"**differs**: {r['params']:,.0f} vs {r['params_baseline']:,.0f} ({100 * rel:+.1f}%)"
+
+
+def _blocks(rep: ProtocolReport, lrs: pd.DataFrame, grid: list, figure, paired_res, paired_path, command_args):
+    p, rs, table = rep.protocol, rep.runset, rep.verdicts
+    n_left = int((p.left_out["scope"] == "report").sum()) if len(p.left_out) else 0
+    b: list = [("h1", f"Verdict protocol report: `{p.name}`")]
+    b.append(("p", f"MLflow tracking URI `{display_uri(rs.tracking_uri)}`; {rs.description}. Protocol `{p.name}` "
+                   f"(`python -m sweeps.verdict`): **{len(p.arms)}** arms × **{len(p.sizes)}** sizes "
+                   f"({', '.join(f'`{s}`' for s in p.sizes)}, smallest compute budget first); **{len(p.seeds)}** "
+                   f"seeds-stage runs and **{len(p.lr)}** lr-stage runs are results; {n_left} of {len(rs.runs)} "
+                   "matched runs were left out (see [Left out](#left-out)). Baseline arm: "
+                   f"`{p.baseline}`. Arms: " + ", ".join(f"`{a}` ({p.family[a]})" for a in p.arms) + "."))
+    b.append(("p", "Only the **seeds** stage (every arm at its own best lr, seeds other than the lr search's) "
+                   "enters the statistics; the lr-stage runs only choose the lr (the winner of a search is biased "
+                   "low) and appear in the lr search table alone."))
+    b.append(("h2", "Verdicts per size"))
+    b.append(("p", "Final val bpb (bits/byte, lower is better), mean ± std over seeds (ddof=1); Δ = arm − baseline "
+                   "at the same size with a 95% percentile bootstrap CI over seeds (10,000 resamples, seeded; with "
+                   "few seeds it is too narrow, so verdicts never use it). p (Welch): two-sided Welch t-test; "
+                   "p (Holm): Holm-adjusted across the arms of the row's family **at that size** (the `Holm m` "
+                   "column is the number of arms adjusted together); p (TOST, Holm): two one-sided Welch tests "
+                   "against ±m, Holm-adjusted the same way. **Verdict**, exactly one of *better*, *worse*, "
+                   "*equivalent within ±m*, *inconclusive*: equivalent when p (TOST, Holm) < 0.05; else better / "
+                   "worse when p (Holm) < 0.05; else inconclusive: neither a difference nor an equivalence was "
+                   "shown (a non-significant p is not evidence of no difference). lr: the arm's best lr (the seeds "
+                   "ran at it). params: whether the arm's parameter count differs from the baseline's."))
+    margin_lines = [f"size `{s}`: m = {_margin_text(mg.value)} bits/byte ({mg.source})"
+                    for s, mg in rep.margins.items()]
+    b.append(("p", "Equivalence margins:"))
+    b.append(("ul", margin_lines))
+    rows = []
+    for _, r in table.iterrows():
+        is_base = r["verdict"] == "baseline"
+        ci = "" if not np.isfinite(r["boot_ci_low"]) else f" [{_signed(r['boot_ci_low'])}, {_signed(r['boot_ci_high'])}]"
+        mean = _f(r["mean"]) + ("" if not np.isfinite(r["std"]) else f" ± {_f(r['std'])}")
+        rows.append([f"`{r['size']}`", r["family"], f"`{r['arm']}`", f"{r['n_seeds']} ({r['seeds'].replace(';', ', ')})",
+                     _sci(r["lr"]), mean, "baseline" if is_base else _signed(r["delta"]) + ci,
+                     "" if is_base else _pv(r["p_welch"]), "" if is_base else _pv(r["p_holm"]),
+                     "" if is_base else str(r["holm_family_size"]), "" if is_base else _margin_text(r["margin"]),
+                     "" if is_base else _pv(r["p_tost_holm"]),
+                     "baseline" if is_base else f"**{r['verdict']}**", _params_text(r)])
+    b.append(("table", ["size", "family", "arm", "seeds", "lr", "val bpb", "Δ vs baseline [95% bootstrap CI]",
+                        "p (Welch)", "p (Holm)", "Holm m", "margin", "p (TOST, Holm)", "verdict", "params"], rows))
+    differ = table[table["params_differ"]]
+    if len(differ):
+        b.append(("p", "Not parameter-matched: " + "; ".join(
+            f"`{r['arm']}` at `{r['size']}` ({r['params']:,.0f} vs {r['params_baseline']:,.0f})"
+            for _, r in differ.iterrows()) + ". Each size has one FLOP budget, so an arm with fewer parameters "
+            "trains on more tokens; a quality difference mixes the architecture with its size."))
+    b.append(("p", "Machine-readable: `verdicts.csv` (every number above, unrounded)."))
+    b.extend(_lr_blocks(p, lrs, grid))
+    b.extend(_scaling_blocks(p, rep.scaling, figure))
+    b.extend(_throughput_blocks(p))
+    b.extend(paired_blocks(paired_res, paired_path))
+    b.append(("h2", "Provenance"))
+    runs = pd.concat([p.seeds, p.lr], ignore_index=True)
+    if len(runs):
+        commits = runs["git_commit"].fillna("(not recorded)").astype(str) + np.where(
+            runs["git_dirty"].astype(str).str.lower() == "true", " (dirty)", "")
+        b.append(("p", "Git commits of the results:"))
+        b.append(("ul", [f"`{k}`: {n} run{'s' if n != 1 else ''}" for k, n in sorted(commits.value_counts().items())]))
+        fps = runs["data_fingerprint"].fillna("(not recorded)").astype(str)
+        b.append(("p", "Data fingerprints:"))
+        b.append(("ul", [f"`{k}`: {n} run{'s' if n != 1 else ''}" for k, n in sorted(fps.value_counts().items())]))
+    b.append(("h2", "Left out"))
+    if not len(p.left_out):
+        b.append(("p", f"Nothing: all {len(rs.runs)} matched runs are finished protocol runs with the required "
+                       "metrics."))
+    else:
+        b.append(("table", ["run", "variant", "seed", "status", "reason"],
+                  [[f"`{r['run_id']}`", f"`{r['variant']}`", "" if pd.isna(r["seed"]) else str(r["seed"]),
+                    r["status"], r["reason"]] for _, r in p.left_out.iterrows()]))
+    b.append(("h2", "Regenerate"))
+    b.append(("code", " ".join(shlex.quote(a) for a in ["python", "-m", "analysis.report", rs.query,
+                                                         "--tracking-uri", display_uri(rs.tracking_uri),
+                                                         *command_args]) + " --out DIR"))
+    return b
+
+
+def _lr_blocks(p: Protocol, lrs: pd.DataFrame, grid: list) -> list:
+    b: list = [("h2", "lr search")]
+    if not len(lrs):
+        b.append(("p", "No lr-stage runs."))
+        return b
+    b.append(("p", f"Final val bpb of the lr stage (one seed per lr) at each lr of the grid; **bold ✓**: the lr "
+                   "the seeds ran at (the chosen lr); `failed`: the run did not finish; blank: not tried. An lr "
+                   "at an edge of the grid may not be the optimum: it may lie outside the grid."))
+    rows, edges = [], []
+    for _, r in lrs.iterrows():
+        cells = []
+        failed = {float(v) for v in str(r["failed"]).split(";") if v}
+        for lr in grid:
+            v = r[f"bpb@{lr:g}"]
+            cell = _f(v) if np.isfinite(v) else ("failed" if _lr_key(lr) in failed else "")
+            if np.isfinite(r["chosen_lr"]) and _lr_key(lr) == r["chosen_lr"] and cell:
+                cell = f"**{cell}** ✓"
+            cells.append(cell)
+        note = ""
+        if r["edge"]:
+            note = f"chosen lr is the {r['edge']} tried: the optimum may lie outside the grid"
+            edges.append(f"`{r['arm']}` at `{r['size']}`")
+        if np.isfinite(r["lr_stage_best"]) and np.isfinite(r["chosen_lr"]) and r["lr_stage_best"] != r["chosen_lr"]:
+            note = (note + "; " if note else "") + f"the lr stage's best is {r['lr_stage_best']:g}"
+        rows.append([f"`{r['size']}`", f"`{r['arm']}`", *cells, _sci(r["chosen_lr"]), note])
+    b.append(("table", ["size", "arm", *[f"lr {lr:g}" for lr in grid], "chosen lr", "note"], rows))
+    if edges:
+        b.append(("p", f"**At an edge of the grid** ({len(edges)} of {len(lrs)}): " + ", ".join(edges) + "."))
+    b.append(("p", "Machine-readable: `lr_search.csv`."))
+    return b
+
+
+def _scaling_blocks(p: Protocol, sc: ScalingResult, figure) -> list:
+    b: list = [("h2", "Scaling with compute")]
+    if len(sc.means):
+        rows = []
+        for arm in p.arms:
+            for size in p.sizes:
+                m = sc.means[(sc.means["arm"] == arm) & (sc.means["size"] == size)]
+                if len(m):
+                    r = m.iloc[0]
+                    loss = _f(r["loss"]) + ("" if not np.isfinite(r["loss_std"]) else f" ± {_f(r['loss_std'])}")
+                    rows.append([f"`{arm}`", f"`{size}`", str(int(r["n"])), _sci(r["compute"]), loss])
+        b.append(("p", "Mean final val loss (nats/token) of the seeds against the compute each run spent (its "
+                       "`flops_seen` at the last step: flops_per_token × tokens trained on, the budget actually "
+                       "spent, never more than the size's budget):"))
+        b.append(("table", ["arm", "size", "seeds", "compute (FLOPs)", "final val loss"], rows))
+    if not sc.ok:
+        b.append(("p", "Scaling fits: " + sc.summary + "."))
+        return b
+    b.append(("p", "Fits of L(C) = E + A·C^−alpha per arm by least squares over every seed "
+                   "(analysis/scaling.py). Compute multiplier: the compute the baseline's fitted law needs to "
+                   "reach the arm's mean loss at the arm's largest compute, divided by that compute (> 1: the arm "
+                   "needs less compute); 95% percentile bootstrap CI over seeds (200 resamples, the baseline "
+                   "refitted each time). ∞: the baseline's law never reaches that loss."))
+    b.append(("img", "final val loss against compute with fitted laws (log-log)", figure))
+    rows = []
+    for _, r in sc.table.iterrows():
+        mult = "baseline" if r["is_baseline"] else (
+            f"{_sci(r['multiplier'])} [{_sci(r['multiplier_ci_low'])}, {_sci(r['multiplier_ci_high'])}]")
+        test = "n/a" if not np.isfinite(r["E"]) else (
+            "interpolates (not tested)" if r["n_levels"] <= 3 else f"{int(r['n_levels']) - 3} level(s) to spare")
+        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), _sci(r["E"]), _sci(r["A"]),
+                     _sci(r["alpha"]), test, _sci(r["compute_top"]), _f(r["loss_top"]), mult])
+    b.append(("table", ["arm", "runs", "compute levels", "E", "A", "alpha", "law", "largest compute (FLOPs)",
+                        "mean loss there", "compute multiplier [95% CI]"], rows))
+    exact = [r.arm for r in sc.table.itertuples() if np.isfinite(r.E) and r.n_levels <= 3]
+    if exact:
+        b.append(("p", f"**The law interpolates, it is not tested**: {', '.join(f'`{a}`' for a in exact)} "
+                       f"{'has' if len(exact) == 1 else 'have'} as many compute levels as L(C) has parameters (3: "
+                       "E, A, alpha), so the fit can pass through the mean loss at every level whatever the true "
+                       "curve; E, alpha and any extrapolation beyond the ladder are not supported by these runs. "
+                       "A fourth size would be the first test of the law."))
+    b.append(("p", "Machine-readable: `scaling.csv` (fits, multipliers), `scaling_points.csv` (one row per run)."))
+    return b
+
+
+def _throughput_blocks(p: Protocol) -> list:
+    b: list = [("h2", "Throughput per run (not paired)")]
+    s = p.seeds
+    if not len(s) or not np.isfinite(s["final_tokens_per_sec"].astype(float)).any():
+        b.append(("p", "No per-run tokens/s recorded."))
+        return b
+    rows = []
+    for size in p.sizes:
+        for arm in p.arms:
+            v = s.loc[(s["verdict.size"] == size) & (s["verdict.arm"] == arm), "final_tokens_per_sec"].astype(float)
+            v = v[np.isfinite(v)]
+            if len(v):
+                rows.append([f"`{size}`", f"`{arm}`", str(len(v)), f"{v.median():,.0f}",
+                             f"{v.min():,.0f} – {v.max():,.0f}"])
+    b.append(("p", f"Training tokens/s of each seeds-stage run, from {UNPAIRED}: each run met whatever else "
+                   "the machine was doing at its time, so differences between arms here are **not** a speed "
+                   "comparison. Paired figures: next section."))
+    b.append(("table", ["size", "arm", "runs", f"tokens/s, median ({UNPAIRED})", "range"], rows))
+    return b

@@ -1,0 +1,113 @@
+"""python -m ablations.paired: the paired ratio and its interval against hand-computed values, a real run on the
+tiny model (interleaved rounds, JSON), the JSON shown by python -m analysis.report --paired, and bad input."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ablations.paired import main, parse_arm, ratio_summary
+
+REPO = Path(__file__).resolve().parents[1]
+T_975_DF4 = 2.776445  # Student's t, 97.5th percentile, 4 degrees of freedom (any t table)
+
+
+def test_ratio_summary_by_hand():
+    ref = [100.0, 200.0, 100.0, 50.0, 100.0]
+    arm = [110.0, 180.0, 105.0, 47.5, 100.0]  # per round: 1.10, 0.90, 1.05, 0.95, 1.00
+    logs = [math.log(v) for v in (1.10, 0.90, 1.05, 0.95, 1.00)]
+    mean = sum(logs) / 5
+    sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / 4)
+    half = T_975_DF4 * sd / math.sqrt(5)
+    out = ratio_summary(ref, arm)
+    assert out["ratio_per_round"] == pytest.approx([1.10, 0.90, 1.05, 0.95, 1.00], rel=1e-12)
+    assert out["ratio"] == pytest.approx(math.exp(mean), rel=1e-12)
+    assert out["ratio_median"] == pytest.approx(1.00, rel=1e-12)
+    assert out["ratio_ci_low"] == pytest.approx(math.exp(mean - half), rel=1e-5)
+    assert out["ratio_ci_high"] == pytest.approx(math.exp(mean + half), rel=1e-5)
+    one = ratio_summary([100.0], [90.0])
+    assert one["ratio"] == pytest.approx(0.9) and one["ratio_ci_low"] is None  # one round: no interval
+
+
+def test_parse_arm():
+    assert parse_arm("baseline=") == ("baseline", [])
+    assert parse_arm("rmsnorm=norm=rmsnorm") == ("rmsnorm", ["norm=rmsnorm"])
+    assert parse_arm("gqa=attention=gqa attention.n_kv_head=2") == ("gqa", ["attention=gqa", "attention.n_kv_head=2"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["rope"], "arm 'rope': expected NAME=OVERRIDES"),
+    (["a=", "a=norm=rmsnorm"], "arm names repeat"),
+    (["a="], "a paired comparison needs >= 2 arms"),
+    (["a=", "b=norm"], "override 'norm' is not KEY=VALUE"),
+    (["--rounds", "0", "a=", "b="], "--rounds 0: must be >= 1"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ablations.paired: error: ") and needle in err[0], err
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paired") / "paired.json"
+    cmd = [sys.executable, "-m", "ablations.paired", "--model", "tiny", "--steps", "2", "--rounds", "3", "--threads",
+           "1", "--json", str(out), "base=", "rms=norm=rmsnorm", "gqa=attention=gqa attention.n_kv_head=1"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, json.loads(out.read_text()), r
+
+
+def test_interleaved_rounds_and_json(measured):
+    _, res, r = measured
+    assert [a["name"] for a in res["arms"]] == ["base", "rms", "gqa"] and res["reference"] == "base"
+    assert res["rounds"] == 3 and res["steps_per_round"] == 2 and res["precision"] in ("32-true", "bf16-mixed")
+    assert res["tokens_per_step"] == res["batch_size"] * res["block_size"]
+    base = res["arms"][0]
+    for a in res["arms"]:
+        assert len(a["tokens_per_sec"]) == 3 and all(v > 0 for v in a["tokens_per_sec"])
+        assert a["median_tokens_per_sec"] == sorted(a["tokens_per_sec"])[1]
+        # paired: each round's ratio divides by the reference's rate in the same round
+        assert a["ratio_per_round"] == pytest.approx([x / y for x, y in zip(a["tokens_per_sec"],
+                                                                            base["tokens_per_sec"])], rel=1e-12)
+        assert a["ratio_ci_low"] <= a["ratio"] <= a["ratio_ci_high"]
+        assert math.isfinite(a["loss_last"])
+    assert base["ratio"] == 1.0 and base["ratio_ci_low"] == base["ratio_ci_high"] == 1.0
+    # one KV head instead of n_head: fewer K/V projection weights than the baseline
+    assert res["arms"][2]["params"] < base["params"] == res["arms"][1]["params"]
+    assert res["command"].startswith("python -m ablations.paired --model tiny")
+    assert "round 3/3" in r.stderr and "x" in r.stdout.splitlines()[2]
+
+
+def test_json_round_trips_into_the_report(measured, tmp_path):
+    import synthetic_store
+
+    from analysis import report
+
+    path, res, _ = measured
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    synthetic_store.make_store(uri, with_bad_runs=False)
+    out = tmp_path / "report"
+    assert report.main(["synthetic", "--tracking-uri", uri, "--out", str(out), "--paired", str(path)]) == 0
+    md = (out / "index.md").read_text()
+    sec = md.split("## Paired throughput")[1].split("\n## ")[0]
+    rms = res["arms"][1]
+    row = next(ln for ln in sec.splitlines() if ln.startswith("| `rms` |"))
+    assert f"{rms['median_tokens_per_sec']:,.0f}" in row
+    assert f"×{rms['ratio']:.3f} [{rms['ratio_ci_low']:.3f}, {rms['ratio_ci_high']:.3f}]" in row
+    assert "| `base` | `(defaults)` |" in sec and "reference" in sec
+    assert f"`{res['command']}`" in sec
+    assert f"--paired {path}" in md.split("## Regenerate")[1]
+    assert "train tokens/s (unpaired)" in md and "runs made at different times (not paired)" in md
+
+
+def test_bad_paired_file_is_one_line_exit_2(tmp_path, capsys):
+    from analysis import report
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"tool": "something else"}')
+    assert report.main(["synthetic", "--tracking-uri", f"sqlite:///{tmp_path}/none.db", "--paired", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--paired {bad}: not a measurement of python -m ablations.paired" in err[0]

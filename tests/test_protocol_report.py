@@ -1,0 +1,249 @@
+"""The verdict protocol's report (analysis/protocol.py via python -m analysis.report) on a synthetic MLflow store
+written here with the protocol's tags and known values: the tables are checked against numbers computed by hand
+(means, seed std margins, Holm within a family at a size, the lr choice), with Welch p-values from scipy.
+
+Store: protocol `synth-proto`, baseline arm `baseline` (family baseline), `rope` (positions), `rmsnorm` (norms),
+`swiglu` and `geglu` (mlps); sizes named so that their alphabetical order (m, s, xs) is not their budget order
+(xs < s < m). Seeds stage: seeds 1-3 at each arm's chosen lr. lr stage: seed 0 at lrs 0.003/0.006/0.012, with
+values far above the seeds' (a leak into the statistics moves every mean and seed count). One lr-stage run FAILED;
+one finished run without protocol tags.
+"""
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENT = "synth-proto"
+SIZES = {"xs": 1e11, "s": 3e11, "m": 9e11}  # name -> budget FLOPs
+FAMILY = {"baseline": "baseline", "rope": "positions", "rmsnorm": "norms", "swiglu": "mlps", "geglu": "mlps"}
+PARAMS = {"baseline": 804_096, "rope": 795_904, "rmsnorm": 803_072, "swiglu": 808_192, "geglu": 804_096}
+BPB = {  # seeds stage, seeds 1, 2, 3
+    "xs": {"baseline": [2.00, 2.02, 2.04], "rope": [1.80, 1.81, 1.83], "rmsnorm": [2.01, 2.03, 2.02],
+           "swiglu": [1.95, 1.96, 1.97], "geglu": [2.05, 2.10, 2.00]},
+    "s": {"baseline": [1.90, 1.91, 1.92], "rope": [1.75, 1.74, 1.76], "rmsnorm": [1.905, 1.910, 1.915],
+          "swiglu": [1.88, 1.87, 1.86], "geglu": [1.95, 1.91, 1.99]},
+    "m": {"baseline": [1.80, 1.83, 1.86], "rope": [1.65, 1.66, 1.64], "rmsnorm": [1.81, 1.82, 1.83],
+          "swiglu": [1.74, 1.73, 1.75], "geglu": [1.85, 1.80, 1.90]},
+}
+GRID = (0.003, 0.006, 0.012)
+LR_OFFSET = {"default": (0.30, 0.20, 0.25), ("xs", "rope"): (0.10, 0.20, 0.30)}  # lr stage: seeds mean + offset
+FAILED_LR = ("m", "geglu", 0.012)
+T0 = 1_700_000_000_000
+
+
+def chosen_lr(size, arm):
+    off = LR_OFFSET.get((size, arm), LR_OFFSET["default"])
+    return GRID[int(np.argmin(off))]
+
+
+def make_store(uri: str) -> None:
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment(EXPERIMENT)
+    clock = [T0]
+
+    def run(tags, params, metrics, status="FINISHED"):
+        clock[0] += 60_000
+        r = client.create_run(exp, start_time=clock[0], tags=tags, run_name=tags.get("variant", "run"))
+        ms = [Metric(k, float(v), clock[0] + 1000, step) for k, v, step in metrics]
+        client.log_batch(r.info.run_id, metrics=ms, params=[Param(k, str(v)) for k, v in params.items()],
+                         tags=[RunTag("git_commit", "c0ffee"), RunTag("data_fingerprint", "fp")])
+        client.set_terminated(r.info.run_id, status=status, end_time=clock[0] + 2000)
+
+    for size in ("m", "xs", "s"):  # not the budget order: the report must sort by budget
+        budget = SIZES[size]
+        for arm in FAMILY:
+            base = {"verdict.protocol": EXPERIMENT, "verdict.arm": arm, "verdict.family": FAMILY[arm],
+                    "verdict.baseline": "baseline", "verdict.size": size, "verdict.budget_flops": f"{budget:g}"}
+            fpt = 6 * PARAMS[arm]
+            steps = int(budget // (fpt * 2048))
+            spent = steps * 2048 * fpt
+
+            def metrics(bpb, tps):
+                return [("final_val_bpb", bpb, 0), ("final_val_loss", bpb * 0.7, 0), ("params", PARAMS[arm], 0),
+                        ("flops_per_token", fpt, 0), ("final_tokens_per_sec", tps, 0),
+                        ("flops_seen", spent / 2, steps // 2), ("flops_seen", spent, steps),  # the last step counts
+                        ("tokens_seen", steps * 2048, steps)]
+
+            mean = float(np.mean(BPB[size][arm]))
+            off = LR_OFFSET.get((size, arm), LR_OFFSET["default"])
+            for lr, o in zip(GRID, off):
+                tags = base | {"verdict.stage": "lr", "seed": "0", "variant": f"{size} {arm} optim.lr={lr:g}"}
+                failed = (size, arm, lr) == FAILED_LR
+                run(tags, {"optim.lr": lr, "seed": 0}, [] if failed else metrics(mean + o, 1000.0),
+                    status="FAILED" if failed else "FINISHED")
+            lr = chosen_lr(size, arm)
+            for seed, bpb in zip((1, 2, 3), BPB[size][arm]):
+                tags = base | {"verdict.stage": "seeds", "seed": str(seed), "verdict.lr": f"{lr:g}",
+                               "variant": f"{size} {arm} optim.lr={lr:g}"}
+                run(tags, {"optim.lr": lr, "seed": seed}, metrics(bpb, 9000.0 + seed))
+    run({"variant": "stray", "seed": "0"}, {"optim.lr": 0.006}, [("final_val_bpb", 0.001, 0),
+                                                                   ("final_val_loss", 0.001, 0)])
+
+
+def welch_p(a, b):
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def holm2(p1, p2):
+    """Holm's adjustment of two p-values, by hand: the smaller times 2; the larger max(itself, the first)."""
+    lo, hi = sorted((p1, p2))
+    a_lo, a_hi = min(1.0, 2 * lo), min(1.0, max(2 * lo, hi))
+    return (a_lo, a_hi) if p1 <= p2 else (a_hi, a_lo)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("protocol")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    make_store(uri)
+    out = tmp / "report"
+    cmd = [sys.executable, "-m", "analysis.report", EXPERIMENT, "--tracking-uri", uri, "--out", str(out)]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = pd.read_csv(out / "verdicts.csv")
+    return tmp, uri, out, r, table
+
+
+def row(table, size, arm):
+    r = table[(table["size"] == size) & (table["arm"] == arm)]
+    assert len(r) == 1, (size, arm)
+    return r.iloc[0]
+
+
+def test_sizes_in_budget_order_and_only_seeds_stage_counted(built):
+    _, _, _, _, table = built
+    assert list(dict.fromkeys(table["size"])) == ["xs", "s", "m"]
+    for size, arms in BPB.items():
+        for arm, vals in arms.items():
+            r = row(table, size, arm)
+            assert r["n_seeds"] == 3 and r["seeds"] == "1;2;3"  # the lr stage's seed 0 never enters
+            assert r["mean"] == pytest.approx(sum(vals) / 3, abs=1e-12)
+            assert r["lr"] == chosen_lr(size, arm)
+
+
+def test_margin_is_the_baseline_seed_std_per_size_and_printed(built):
+    _, _, out, r, table = built
+    by_hand = {"xs": 0.02, "s": 0.01, "m": 0.03}  # sample std of 3 evenly spaced values = the spacing
+    md = (out / "index.md").read_text()
+    for size, m in by_hand.items():
+        assert set(table.loc[table["size"] == size, "margin"].round(12)) == {m}
+        assert f"size `{size}`: m = ±{m:g} bits/byte" in md
+        assert f"verdicts at size {size} on final_val_bpb: equivalence margin ±{m:g} bits/byte" in r.stdout
+
+
+def test_holm_within_a_family_at_one_size(built):
+    _, _, _, _, table = built
+    for size in BPB:
+        base = BPB[size]["baseline"]
+        p_sw, p_ge = welch_p(BPB[size]["swiglu"], base), welch_p(BPB[size]["geglu"], base)
+        h_sw, h_ge = holm2(p_sw, p_ge)
+        assert row(table, size, "swiglu")["p_welch"] == pytest.approx(p_sw, rel=1e-9)
+        assert row(table, size, "swiglu")["p_holm"] == pytest.approx(h_sw, rel=1e-9)
+        assert row(table, size, "geglu")["p_holm"] == pytest.approx(h_ge, rel=1e-9)
+        assert row(table, size, "swiglu")["holm_family_size"] == 2
+        for arm in ("rope", "rmsnorm"):  # alone in their family: nothing to adjust
+            r = row(table, size, arm)
+            assert r["holm_family_size"] == 1
+            assert r["p_holm"] == pytest.approx(welch_p(BPB[size][arm], base), rel=1e-9)
+
+
+def test_verdict_labels(built):
+    _, _, _, _, table = built
+    labels = set(table.loc[table["verdict"] != "baseline", "verdict"])
+    assert all(v in ("better", "worse", "inconclusive") or v.startswith("equivalent within ±") for v in labels)
+    # rope at xs: Δ = -0.207 with seed stds ~0.02, p ~ 2e-4, alone in its family -> better
+    assert row(table, "xs", "rope")["verdict"] == "better"
+    # rmsnorm at s: Δ = 0 but the TOST at ±0.01 with 3 seeds is far from 0.05 -> inconclusive, not "equal"
+    assert row(table, "s", "rmsnorm")["verdict"] == "inconclusive"
+
+
+def test_margin_option_overrides_every_size(built):
+    from analysis import protocol
+    from analysis.store import load_runs
+
+    _, uri, _, _, _ = built
+    p = protocol.select(load_runs(EXPERIMENT, uri))
+    table, margins = protocol.verdicts(p, margin=0.05)
+    assert {m.value for m in margins.values()} == {0.05}
+    assert all(m.source == "given (--margin 0.05)" for m in margins.values())
+    # rmsnorm at s: Δ = 0, se = sqrt((1e-4 + 2.5e-5) / 3): the 90% CI lies well inside ±0.05 -> equivalent
+    assert row(table, "s", "rmsnorm")["verdict"] == "equivalent within ±0.05"
+
+
+def test_parameter_mismatch_flagged_with_both_counts(built):
+    _, _, out, _, table = built
+    assert bool(row(table, "m", "swiglu")["params_differ"]) and not bool(row(table, "m", "geglu")["params_differ"])
+    md = (out / "index.md").read_text()
+    assert "**differs**: 808,192 vs 804,096 (+0.5%)" in md
+    assert "same (804,096)" in md
+    assert "**differs**: 795,904 vs 804,096 (-1.0%)" in md
+
+
+def test_lr_search_table(built):
+    _, _, out, _, _ = built
+    lrs = pd.read_csv(out / "lr_search.csv", dtype={"failed": str, "tried": str, "edge": str})
+    assert len(lrs) == 15
+    for size in BPB:
+        for arm in FAMILY:
+            r = lrs[(lrs["size"] == size) & (lrs["arm"] == arm)].iloc[0]
+            mean = float(np.mean(BPB[size][arm]))
+            off = LR_OFFSET.get((size, arm), LR_OFFSET["default"])
+            for lr, o in zip(GRID, off):
+                if (size, arm, lr) == FAILED_LR:
+                    assert math.isnan(r[f"bpb@{lr:g}"]) and r["failed"] == f"{lr:g}"
+                else:
+                    assert r[f"bpb@{lr:g}"] == pytest.approx(mean + o, abs=1e-12)
+            assert r["chosen_lr"] == chosen_lr(size, arm)
+            assert (r["edge"] if isinstance(r["edge"], str) else "") == ("lowest" if (size, arm) == ("xs", "rope")
+                                                                          else "")
+    md = (out / "index.md").read_text()
+    line = next(ln for ln in md.splitlines() if ln.startswith("| `xs` | `rope` |"))
+    assert "**1.9133** ✓" in line and "chosen lr is the lowest tried: the optimum may lie outside the grid" in line
+    assert "| `m` | `geglu` |" in md and "failed" in next(ln for ln in md.splitlines() if ln.startswith("| `m` | `geglu` |"))
+
+
+def test_scaling_uses_the_spent_compute_and_says_it_interpolates(built):
+    _, _, out, _, _ = built
+    pts = pd.read_csv(out / "scaling_points.csv")
+    assert len(pts) == 45  # seeds stage only
+    r = pts[(pts["arm"] == "swiglu") & (pts["size"] == "m")].iloc[0]
+    steps = int(9e11 // (6 * 808_192 * 2048))
+    assert r["compute"] == steps * 2048 * 6 * 808_192  # flops_seen at the last step, not the budget
+    sc = pd.read_csv(out / "scaling.csv")
+    assert set(sc["n_levels"]) == {3}
+    md = (out / "index.md").read_text()
+    assert "**The law interpolates, it is not tested**" in md
+    assert (out / "figures" / "loss_vs_compute.png").stat().st_size > 1000
+
+
+def test_throughput_labelled_unpaired_and_strays_left_out(built):
+    _, _, out, _, _ = built
+    md = (out / "index.md").read_text()
+    sec = md.split("## Throughput per run (not paired)")[1].split("## ")[0]
+    assert "runs made at different times (not paired)" in sec
+    assert "No paired measurement was given" in md
+    lo = pd.read_csv(out / "left_out.csv")
+    assert set(lo["reason"]) >= {f"not a run of the verdict protocol `{EXPERIMENT}`", "run FAILED"}
+    assert "stray" not in md.split("## Left out")[0]  # the untagged run is no result (its bpb is an absurd 0.001)
+    assert "stray" in md.split("## Left out")[1]
+
+
+def test_rerun_is_byte_identical(built):
+    tmp, uri, out, _, _ = built
+    out2 = tmp / "again"
+    r = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, "--tracking-uri", uri, "--out",
+                        str(out2)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    files = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(out2) for p in out2.rglob("*") if p.is_file())
+    for f in files:
+        assert (out / f).read_bytes() == (out2 / f).read_bytes(), f
