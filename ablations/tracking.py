@@ -191,6 +191,7 @@ def terminate(cl, run_id: str, status: str, reason: str | None = None, extra_tag
     """End a run (never leave it RUNNING), retrying briefly: SQLite may be locked by another worker."""
     from mlflow.exceptions import MlflowException
 
+    stop_system_metrics(run_id)  # its last samples go in while the run is still RUNNING
     for attempt in range(5):
         try:
             if reason:
@@ -213,3 +214,49 @@ def get_run(cl, run_id: str, uri: str):
         return cl.get_run(run_id)
     except MlflowException:  # a bad or unknown id
         raise TrackingError(f"run_id={run_id} not found in {uri}: check the id, or pass tracking.uri=") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# system metrics (CPU, memory, disk, network; GPU utilisation and memory where nvidia-ml-py finds a GPU)
+
+_MONITORS: dict = {}  # run_id -> the SystemMetricsMonitor logging into it (this process only)
+
+
+def start_system_metrics(tracking_cfg, uri: str, run_id: str) -> None:
+    """Log MLflow's system metrics (`system/cpu_utilization_percentage`, `system/system_memory_usage_megabytes`,
+    `system/gpu_0_utilization_percentage`, ...) into the run every `tracking.system_metrics_interval` seconds,
+    unless `tracking.system_metrics=false`. MLflow's own switch (`log_system_metrics`) only covers fluent
+    `start_run`; the harness creates its runs with MlflowClient, so the monitor is started here for the run id."""
+    if not tracking_cfg.get("system_metrics", True) or run_id in _MONITORS:
+        return
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    interval = float(tracking_cfg.get("system_metrics_interval") or 10)
+    # resume_logging: a resumed run continues its system/ steps instead of overwriting step 0..
+    mon = SystemMetricsMonitor(run_id, sampling_interval=interval, resume_logging=True, tracking_uri=uri)
+    mon.start()
+    _MONITORS[run_id] = mon
+
+
+def stop_system_metrics(run_id: str) -> None:
+    """Stop the run's monitor (if any) and log one last sample covering the time since its last one: MLflow's
+    loop drops an unfinished interval, so a run shorter than one interval would otherwise get no system metrics."""
+    mon = _MONITORS.pop(run_id, None)
+    if mon is None or mon._process is None:
+        return
+    from mlflow.exceptions import MlflowException
+
+    thread = mon._process
+    mon._shutdown_event.set()
+    thread.join()
+    for m in mon.monitors:  # psutil's CPU percentage is since the previous call: the unfinished interval
+        m.clear_metrics()
+    mon.collect_metrics()
+    try:
+        mon.publish_metrics(mon.aggregate_metrics())
+        mon.mlflow_logger.flush()
+    except MlflowException as e:  # the run's store went away: the training result stands without them
+        import logging
+
+        logging.getLogger("ablations").warning("could not log system metrics of run %s: %s", run_id, e)
+    mon._process = None

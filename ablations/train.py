@@ -52,11 +52,14 @@ def _container(cfg: DictConfig) -> dict:
 
 
 def config_hash(cfg: DictConfig) -> str:
-    """sha256 of the resolved config minus `resume`, `progress_every_n_steps` (and hydra): names the checkpoint dir
-    of a run (so how a run reports its progress does not decide which checkpoint it resumes)."""
+    """sha256 of the resolved config minus `resume`, `progress_every_n_steps`, `tracking.system_metrics*` (and
+    hydra): names the checkpoint dir of a run (so how a run reports its progress does not decide which checkpoint
+    it resumes)."""
     c = _container(cfg)
     c.pop("resume", None)
     c.pop("progress_every_n_steps", None)
+    for k in ("system_metrics", "system_metrics_interval"):  # how a run is watched, not what it trains
+        c.get("tracking", {}).pop(k, None)
     return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -361,6 +364,7 @@ def _open_run(job: _Job, tags: dict | None) -> None:
         job.run_id = cl.create_run(exp_id, run_name=run_name, tags=run_tags).info.run_id
     job.lit.ckpt_meta["mlflow_run_id"] = job.run_id
     job.metrics_cb.run_id = job.run_id
+    trk.start_system_metrics(cfg.tracking, job.uri, job.run_id)  # stopped by trk.terminate
 
 
 def _log_run_start(job: _Job) -> None:
