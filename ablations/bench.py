@@ -11,7 +11,12 @@ Prints one table of figures for the composed config (and writes JSON; `--mlflow`
   read per token) with the fraction of it reached;
 - startup: seconds from launching `python -m ablations.run` to the end of its first optimizer step;
 - scaling: step time and activation memory against context length and width, measured KV-cache bytes of every
-  attention variant.
+  attention variant;
+- variants: every registered variant of every family (modules.registry; its shipped options from conf/<family>/)
+  swapped into the composed model one at a time: training tokens/s at the model's block size, batch-1 prefill and
+  decode tokens/s at one context (default 1024), the KV-cache bytes, and each as a fraction of its analytic bound
+  (FLOPs against the measured GEMM peak for training and prefill, bytes read per token against the measured read
+  bandwidth for decode), so an implementation that falls behind its own bound shows, whatever its speed.
 
 Definitions. MFU = flops_per_token (modules.accounting: 6N + attention) x tokens/sec / the measured dense GEMM peak
 of the precision the matmuls run in (fp32 for 32-true, bf16 for bf16-mixed), or `--peak-flops` when given (e.g. a
@@ -44,7 +49,8 @@ from .generation import sync as _sync
 from modules.errors import AblationsError, ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("ceilings", "train", "harness", "inference", "startup", "scaling")
+SECTIONS = ("ceilings", "train", "harness", "inference", "startup", "scaling", "variants")
+FAMILIES = ("position", "norm", "mlp", "attention")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -327,6 +333,8 @@ def run(overrides: list[str], sections: tuple[str, ...], opts: dict) -> dict:
     log = opts.get("log", lambda msg: None)
     if "inference" in sections:
         decode_contexts(T, opts)  # refuse bad --contexts before measuring anything
+    if "variants" in sections:
+        variant_context(opts)
 
     # --- ceilings, and training variants measured in the same interleaved rounds --------------------------------
     need_peaks = any(s in sections for s in ("ceilings", "train", "inference"))
@@ -446,6 +454,9 @@ def run(overrides: list[str], sections: tuple[str, ...], opts: dict) -> dict:
 
     if "scaling" in sections:
         out["scaling"] = scaling_figures(model_cfg, window, rows, device)
+
+    if "variants" in sections:
+        out["variants"] = variants_figures(model_cfg, cfg, opts, window, rounds, rows)
 
     out["table"] = rows
     return out
@@ -586,6 +597,187 @@ def attention_variants(block_size: int) -> dict[str, dict]:
             att["window"] = max(1, block_size // 4)
         out[name] = att
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# variants: every registered variant at its best implementation, against its own analytic bound
+
+
+def variant_configs(base: dict) -> dict[str, dict]:
+    """label -> model config: the composed model ("baseline"), then every other registered variant of each family
+    (modules.registry) swapped in alone, with its shipped options (conf/<family>/<name>.yaml)."""
+    from omegaconf import OmegaConf
+
+    from modules.registry import names
+
+    out = {"baseline": base}
+    for family in FAMILIES:
+        for name in names(family):
+            if name == base[family]["name"]:
+                continue
+            opts = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / family / f"{name}.yaml"), resolve=True)
+            out[f"{family}={name}"] = {**base, family: opts}
+    return out
+
+
+def variant_context(opts: dict) -> tuple[int, int]:
+    """(decode/prefill context, new tokens per decode measurement) of the variants section."""
+    c = max(opts["contexts"]) if opts.get("contexts") else 1024
+    new = opts.get("new_tokens") or (8 if opts["quick"] else 16)
+    if c < 1 or new < 1:
+        raise SystemExit(f"ablations.bench: variants need a context >= 1 and --new-tokens >= 1 (got {c}, {new})")
+    return c, new
+
+
+def _timed_rate(fn, seconds: float, device: str) -> float:
+    """Amount per second of repeated fn() calls (each returns its amount) over at least `seconds`, >= 1 call."""
+    _sync(device)
+    amount, t0 = 0.0, time.perf_counter()
+    while True:
+        amount += fn()
+        _sync(device)
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return amount / elapsed
+
+
+def _decode_rate(model, prompt, new: int, dtype, seconds: float, device: str) -> tuple[float, int]:
+    """Cached decode tokens/s over at least `seconds` of decode steps (prefills untimed), and the cache bytes
+    held after the prefill."""
+    tokens, spent, nbytes = 0, 0.0, 0
+    while spent < seconds or tokens == 0:
+        sec_per_tok, nbytes, _ = decode_cached(model, prompt, new, dtype, device)
+        tokens, spent = tokens + new, spent + sec_per_tok * new
+    return tokens / spent, nbytes
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def variants_figures(base: dict, cfg, opts: dict, window: float, rounds: int, rows: list) -> dict:
+    """Per variant (variant_configs): medians over `rounds` interleaved rounds (A B C ..., A B C ...) of training
+    tokens/s, prefill and decode tokens/s at the section's context, and their fractions of the analytic bounds.
+
+    Bounds. Training: GEMM peak / flops_per_token(cfg) at block_size (modules.accounting, 6N + attention).
+    Prefill of c tokens: GEMM peak / (flops_per_token(cfg, seq_len=(c+1)//2) / 3): the forward third, each query
+    attending on average to (c+1)/2 keys (causal), capped by a window. Decode: read bandwidth / (weights read per
+    step + the KV cache at context c + new/2). Peaks are the best call of the rounds (the practical ceiling of this
+    machine, as in the ceilings section); the variants' figures are medians, so a fraction is conservative.
+    Training runs in the bare loop (BareTrainer: fused AdamW, fp32 cross-entropy) at 32-true on CPU, bf16-mixed on
+    CUDA; inference in --inference-dtype. The inference models have block_size max(block_size, c + new) so that a
+    learned position table reaches c; their other weights are the training model's shapes."""
+    from modules import accounting
+
+    device, log = opts["device"], opts.get("log", lambda msg: None)
+    c, new = variant_context(opts)
+    T, V = base["block_size"], base["vocab_size"]
+    precision = "bf16-mixed" if device.startswith("cuda") else "32-true"
+    dtype = DTYPES[opts["inference_dtype"]]
+    batch_size = int(cfg.data.batch_size)
+    batches, _ = training_batches(V, batch_size, T, n=8)
+    prompt = torch.randint(0, V, (1, c), generator=torch.Generator().manual_seed(0)).to(device)
+    n = 8192 if device.startswith("cuda") else (1024 if opts["quick"] else 2048)
+    infer_prec = "bf16-mixed" if dtype == torch.bfloat16 else "32-true"
+    gemm = {p: gemm_item(torch.bfloat16 if p == "bf16-mixed" else torch.float32, device, n)
+            for p in dict.fromkeys((precision, infer_prec))}  # only the peaks a bound uses
+    read = bandwidth_items(device, (1024 if device.startswith("cuda") else 256) * 2**20)["read bandwidth"]
+
+    arms, skipped = {}, {}
+    for label, model_cfg in variant_configs(base).items():
+        infer_cfg = {**model_cfg, "block_size": max(T, c + new)}
+        try:
+            trainer = BareTrainer(model_cfg, batches, precision, False, cfg.optim, device)
+            torch.manual_seed(0)
+            model = build_model(infer_cfg, device).to(dtype).eval()
+        except ConfigError as e:  # shipped options that do not fit this model: say so, measure the others
+            skipped[label] = str(e)
+            continue
+        arms[label] = {"cfg": model_cfg, "infer_cfg": infer_cfg, "trainer": trainer, "model": model,
+                       "train": [], "prefill": [], "decode": []}
+        trainer.step()  # warm-up: allocations, the first kernels
+        prefill(model, prompt, dtype)
+        decode_cached(model, prompt, 2, dtype, device)
+    peak = {p: 0.0 for p in gemm}
+    read_bw = 0.0
+    nbytes: dict[str, int] = {}
+    log(f"variants: {len(arms)} variants x {rounds} interleaved rounds (train, prefill {c}, decode {c}+{new}), "
+        f"~{window:g} s each")
+    for r in range(rounds):
+        for prec, fn in gemm.items():
+            peak[prec] = max(peak[prec], _best_rate(fn, device))
+        read_bw = max(read_bw, _best_rate(read, device))
+        for label, a in arms.items():
+            a["train"].append(_timed_rate(a["trainer"].step, window, device))
+            a["prefill"].append(_timed_rate(lambda m=a["model"]: (prefill(m, prompt, dtype), c)[1], window, device))
+            rate, nbytes[label] = _decode_rate(a["model"], prompt, new, dtype, window, device)
+            a["decode"].append(rate)
+        log(f"variants: round {r + 1}/{rounds} done")
+    peak_infer = peak[infer_prec]
+    if opts.get("peak_flops") and precision == "bf16-mixed":  # a configured (datasheet) bf16 peak for training
+        peak["bf16-mixed"] = float(opts["peak_flops"])
+
+    result = {"context": c, "new_tokens": new, "block_size": T, "batch_size": batch_size, "rounds": rounds,
+              "train_precision": precision, "inference_dtype": opts["inference_dtype"],
+              "gemm_peak_flops": peak, "read_bandwidth": read_bw, "skipped": skipped, "variants": {}}
+    for label, a in arms.items():
+        model_cfg, infer_cfg = a["cfg"], a["infer_cfg"]
+        train_bound = peak[precision] / accounting.flops_per_token(model_cfg)
+        prefill_bound = peak_infer / (accounting.flops_per_token(infer_cfg, seq_len=(c + 1) // 2) / 3)
+        bytes_per_tok = (weight_bytes_read_per_token(a["model"])
+                         + accounting.kv_cache_bytes(infer_cfg, c + new // 2, 1, dtype))
+        decode_bound = read_bw / bytes_per_tok
+        med = {k: _median(a[k]) for k in ("train", "prefill", "decode")}
+        result["variants"][label] = {
+            "family": label.split("=")[0] if "=" in label else None,
+            "train_tokens_per_sec": med["train"], "train_bound": train_bound,
+            "train_fraction": med["train"] / train_bound,
+            "prefill_tokens_per_sec": med["prefill"], "prefill_bound": prefill_bound,
+            "prefill_fraction": med["prefill"] / prefill_bound,
+            "decode_tokens_per_sec": med["decode"], "decode_bound": decode_bound,
+            "decode_fraction": med["decode"] / decode_bound,
+            "decode_bytes_per_token": bytes_per_tok,
+            "cache_bytes": nbytes[label],
+            "cache_bytes_analytic": accounting.kv_cache_bytes(infer_cfg, c, 1, dtype),
+            "rounds": {k: a[k] for k in ("train", "prefill", "decode")},
+        }
+    # paired ratios to the baseline: per round, then the median (the rounds share the machine's load)
+    ref = arms.get("baseline")
+    for label, a in arms.items():
+        v = result["variants"][label]
+        for k in ("train", "prefill", "decode"):
+            v[f"{k}_vs_baseline"] = _median([x / y for x, y in zip(a[k], ref[k])]) if ref else None
+    del arms
+
+    rows.append((f"variants: bounds ({rounds} rounds)",
+                 f"GEMM {precision} {_fmt(peak[precision], 'FLOP/s')}, read {_fmt(read_bw, 'B/s')}; train b="
+                 f"{batch_size} T={T} {precision}, prefill/decode ctx {c} {opts['inference_dtype']}; "
+                 f"medians, (fraction of bound), x baseline"))
+    for label, v in result["variants"].items():
+        rows.append((f"variant {label}",
+                     f"train {_fmt(v['train_tokens_per_sec'], 'tok/s')} ({v['train_fraction']:.0%}) "
+                     f"x{v['train_vs_baseline']:.2f}  prefill {_fmt(v['prefill_tokens_per_sec'], 'tok/s')} "
+                     f"({v['prefill_fraction']:.0%}) x{v['prefill_vs_baseline']:.2f}  decode "
+                     f"{_fmt(v['decode_tokens_per_sec'], 'tok/s')} ({v['decode_fraction']:.0%}) "
+                     f"x{v['decode_vs_baseline']:.2f}  cache {_fmt(float(v['cache_bytes']), 'B')}"
+                     + ("" if v["cache_bytes"] == v["cache_bytes_analytic"] else "(!)")))
+    for label, why in skipped.items():
+        rows.append((f"variant {label}", f"skipped: {why}"))
+    return result
+
+
+def _best_rate(fn, device: str, calls: int = 3) -> float:
+    """The fastest of `calls` calls of fn() (a ceiling: the machine at its least disturbed), amount/sec."""
+    best = 0.0
+    for _ in range(calls):
+        _sync(device)
+        t0 = time.perf_counter()
+        a = fn()
+        _sync(device)
+        best = max(best, a / (time.perf_counter() - t0))
+    return best
 
 
 def activation_bytes(model, x) -> int:

@@ -107,3 +107,54 @@ def test_cache_appends_in_place():
     assert cache.layers[0]["k"].untyped_storage().data_ptr() == storage  # appended in place, no reallocation
     assert cache.nbytes == accounting.kv_cache_bytes(cfg, 15, dtype=torch.float32)
     assert cache.nbytes <= cache.reserved_nbytes <= accounting.kv_cache_bytes(cfg, T, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "variants.json"
+    rc = bench.main(["model=tiny", "data.batch_size=4", "--quick", "--only", "variants", "--window", "0.02",
+                     "--rounds", "2", "--contexts", "16", "--new-tokens", "4", "--json", str(path)])
+    assert rc == 0
+    return json.loads(path.read_text())
+
+
+def test_variants_table(variants):
+    v = variants["variants"]
+    rows = v["variants"]
+    # the composed model, then every other registered variant of every family, alone
+    expected = {"baseline"} | {f"{f}={n}" for f, base in
+                               (("position", "learned"), ("norm", "layernorm"), ("mlp", "gelu"), ("attention", "mha"))
+                               for n in names(f) if n != base}
+    assert set(rows) == expected and not v["skipped"]
+    for label, r in rows.items():
+        for k in ("train", "prefill", "decode"):
+            assert positive(r[f"{k}_tokens_per_sec"]) and positive(r[f"{k}_bound"]), (label, k)
+            assert 0 < r[f"{k}_fraction"] <= 1.5, (label, k, r[f"{k}_fraction"])
+            assert len(r["rounds"][k]) == 2
+            assert r[f"{k}_fraction"] == pytest.approx(r[f"{k}_tokens_per_sec"] / r[f"{k}_bound"])
+        assert r["cache_bytes"] == r["cache_bytes_analytic"] > 0, label
+    assert all(rows["baseline"][f"{k}_vs_baseline"] == 1.0 for k in ("train", "prefill", "decode"))
+    # paired ratios: round by round against the baseline's same round (2 rounds: their mean is the median)
+    base, mqa = rows["baseline"]["rounds"]["decode"], rows["attention=mqa"]["rounds"]["decode"]
+    assert rows["attention=mqa"]["decode_vs_baseline"] == pytest.approx((mqa[0] / base[0] + mqa[1] / base[1]) / 2)
+    # tiny mha, fp32, 2 layers x (k, v) x 32 numbers x 4 bytes per token at context 16; one KV head of 4 for mqa
+    assert rows["baseline"]["cache_bytes"] == 16 * 2 * 2 * 32 * 4
+    assert rows["attention=mqa"]["cache_bytes"] == rows["baseline"]["cache_bytes"] // 4
+    assert any(row[0] == "variant attention=mla" for row in variants["table"])
+
+
+def test_variants_bounds_known_answers(variants):
+    """The bounds of the tiny baseline, worked by hand: d=32, 2 layers, vocab 256, block 32, GELU MLP 4d, tied.
+    Matmul weights: 2 x (4 d^2 attention + 8 d^2 MLP) + 256 d lm_head = 32,768."""
+    v = variants["variants"]
+    b = v["variants"]["baseline"]
+    peak, bw = v["gemm_peak_flops"]["32-true"], v["read_bandwidth"]
+    # training: 6 x 32,768 + 12 x 2 layers x 32 x T=32 = 221,184 FLOPs per token
+    assert b["train_bound"] == pytest.approx(peak / 221_184)
+    # prefill of 16 tokens: the forward third, each query attending to (16+1)//2 = 8 keys:
+    # (6 x 32,768 + 12 x 2 x 32 x 8) / 3 = 67,584
+    assert b["prefill_bound"] == pytest.approx(peak / 67_584)
+    # decode: every weight once (33,952 params - the 32x32 position table + its one row read) in fp32, plus the
+    # cache at 16 + 4/2 = 18 positions: (33,952 - 1,024 + 32) x 4 + 18 x 2 x 2 x 32 x 4 = 141,056 bytes
+    assert b["decode_bytes_per_token"] == 141_056
+    assert b["decode_bound"] == pytest.approx(bw / 141_056)
