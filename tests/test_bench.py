@@ -35,9 +35,13 @@ def test_ceilings(report):
 def test_train(report):
     rows = report["train_bare"]
     assert set(rows) == {"32-true", "bf16-mixed"}  # --no-compile
-    for r in rows.values():
-        assert positive(r["tokens_per_sec"]) and positive(r["steps"])
-        assert 0 < r["mfu"] < 1.5  # a tiny model on a shared machine: far from the peak, never far above it
+    # without native bf16 (e.g. an AVX2-only CPU: bf16 GEMM ~0.4 GFLOP/s) the bf16 GEMM is no ceiling of the
+    # bf16-mixed step, whose linear layers take other kernels: its MFU is only bounded where bf16 is native
+    native_bf16 = report["gemm_flops"]["bf16"] >= report["gemm_flops"]["fp32"]
+    for name, r in rows.items():
+        assert positive(r["tokens_per_sec"]) and positive(r["steps"]) and positive(r["mfu"])
+        if name == "32-true" or native_bf16:
+            assert r["mfu"] < 1.5  # a tiny model on a shared machine: far from the peak, never far above it
         assert positive(r["loss_at_step"]["loss"]) and r["loss_at_step"]["loss"] < 7  # ln(256) = 5.5 at init
     assert positive(report["bf16_speedup"])
     assert report["train_loss_data"] == "stdlib bytes"
