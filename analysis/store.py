@@ -15,6 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 
+from modules.errors import AblationsError  # the project's one error base (imports nothing else)
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 # Step metrics (logged against the training step).
@@ -82,7 +84,7 @@ _FILTER_RE = re.compile(r"(!=|>=|<=|=|<|>|\bI?LIKE\b|\bIN\b)", re.IGNORECASE)
 log = logging.getLogger(__name__)
 
 
-class AnalysisError(Exception):
+class AnalysisError(AblationsError):
     """A clear, user-facing problem with the input (bad URI, unknown experiment, bad filter, ...)."""
 
 

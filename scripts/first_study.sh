@@ -20,10 +20,13 @@ gz=reports/first-study/mlflow.db.gz
 mkdir -p "$store"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 families=(norms positions mlps attention)
+# The arms the first study trained, pinned: the experiment files have since gained variants (dyt, t5bias).
+declare -A arms=([norms]="norm=layernorm,rmsnorm" [positions]="position=learned,rope,alibi,nope,sinusoidal"
+                 [mlps]="mlp=gelu,relu2,swiglu,geglu" [attention]="attention=mha,gqa,mqa,sliding,mla")
 if [[ $report_only == 0 ]]; then
   for family in "${families[@]}"; do
     (cd "$store" && MLFLOW_TRACKING_URI="sqlite:///$(pwd)/mlflow.db" \
-      python -m ablations.run -m "experiment=$family" trainer.enable_progress_bar=false)
+      python -m ablations.run -m "experiment=$family" "${arms[$family]}" trainer.enable_progress_bar=false)
   done
   # a compact copy of the store (no artifacts) beside the report
   python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
