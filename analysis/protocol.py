@@ -158,8 +158,11 @@ def verdicts(p: Protocol, margin: float | None = None) -> tuple[pd.DataFrame, di
                                  base[m].astype(float), mg.value).set_index("arm")
             for a in members:
                 r = res.loc[a]
-                rows.append(_row(size, a, fam, at[at["verdict.arm"] == a], base_params, m) | {
-                    "delta": r["delta"], "boot_ci_low": r["boot_ci_low"], "boot_ci_high": r["boot_ci_high"],
+                arm_runs = at[at["verdict.arm"] == a]
+                spread = len(arm_runs) > 1 and len(base) > 1  # resampling one seed gives a zero-width "interval"
+                rows.append(_row(size, a, fam, arm_runs, base_params, m) | {
+                    "delta": r["delta"], "boot_ci_low": r["boot_ci_low"] if spread else math.nan,
+                    "boot_ci_high": r["boot_ci_high"] if spread else math.nan,
                     "p_welch": r["p_welch"], "p_holm": r["p_holm"], "p_tost": r["p_tost"],
                     "p_tost_holm": r["p_tost_holm"], "tost_ci_low": r["tost_ci_low"],
                     "tost_ci_high": r["tost_ci_high"], "holm_family_size": len(members), "margin": mg.value,
