@@ -66,4 +66,6 @@ elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
 rm -rf reports/extrapolation/report
-MLFLOW_TRACKING_URI="$uri" python -m analysis.report extrapolation --out reports/extrapolation/report
+# a store path relative to the repository, so that the report (which names its store) is the same on any checkout
+MLFLOW_TRACKING_URI="sqlite:///$(realpath --relative-to=. "$store")/mlflow.db" \
+  python -m analysis.report extrapolation --out reports/extrapolation/report
