@@ -2,7 +2,8 @@
 
 Create, join or resume the Optuna study described by ``conf/sweep/<name>.yaml`` and run trials through
 ``ablations.train.train`` until the study has ``sweep.n_trials`` trials in total (over all workers and runs).
-Start the same command on several machines with a shared ``sweep.storage=postgresql://...`` to add workers.
+Start the same command on several machines with a shared ``sweep.storage=postgresql://...`` to add workers;
+``sweep.workers=N|auto`` starts N of them on this machine (``sweeps.study.launch_workers``).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ ablations.train.train run recorded in MLflow (tags optuna.study, optuna.trial).
   sweep.sampler.name=S      tpe | nsga2 | random
   sweep.pruner.name=P       median | hyperband | none (single-objective only)
   sweep.timeout=SECONDS     this worker starts no new trial after that long
+  sweep.workers=N|auto      N worker processes here, one study (auto: one per visible GPU, each pinned with
+                            CUDA_VISIBLE_DEVICES; on CPU one per core); the cores are split between them
   model=tiny trainer.max_steps=100 ...   any override of the training config, applied to every trial
 
 examples:

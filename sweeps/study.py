@@ -19,6 +19,7 @@ import contextlib
 import gc
 import logging
 import math
+import os
 import sys
 import time
 import warnings
@@ -117,6 +118,7 @@ class SweepSettings:
     overrides: list[str]
     enqueue: list[dict[str, Any]]
     space: SearchSpace
+    workers: int | str = 1  # processes on this machine (sweep.workers=N|auto): see launch_workers
 
     @property
     def multi_objective(self) -> bool:
@@ -179,6 +181,7 @@ class SweepSettings:
             overrides=[str(o) for o in (pop("overrides") or [])],
             enqueue=enqueue,
             space=space,
+            workers=parse_workers(pop("workers", 1)),
         )
         s.pop("description", None)
         if s:
@@ -393,6 +396,104 @@ def _values_of(overrides: list[str]) -> dict[str, Any]:
     return out
 
 
+# --------------------------------------------------------------------------------------------------- workers
+# sweep.workers=N|auto: N copies of this command on this machine, all in the same study (the storage's budget lock
+# keeps n_trials exact, as for workers on several machines). Measured on the 2-core CPU machine (40 fake trials,
+# 2 and 4 processes): SQLite (RDBStorage) and Optuna's JournalFileBackend both gave exactly 40 trials, no errors,
+# none left RUNNING, with the budget lock (both overshot to 41 without it); the journal costs ~0.1 s per trial,
+# SQLite ~0.5 s, nothing next to a training run, and only the RDB storage has the heartbeats that retry a dead
+# worker's trial. So local workers share the SQLite default.
+
+
+def parse_workers(value: Any) -> int | str:
+    """sweep.workers: a positive integer or "auto" (one per visible GPU; on CPU one per core)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit() \
+            or int(value) < 1:
+        raise SweepError(f"sweep.workers={value!r} must be a positive integer or auto (one process per visible GPU, "
+                         f"on CPU one per core)")
+    return int(value)
+
+
+def visible_devices(environ: Mapping[str, str] | None = None, device_count: Callable[[], int] | None = None) -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries: that variable's list when set (empty: none),
+    else 0 .. torch.cuda.device_count()-1."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        return [d.strip() for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip() and d.strip() != "-1"]
+    count = device_count() if device_count is not None else (torch.cuda.device_count() if torch.cuda.is_available()
+                                                             else 0)
+    return [str(i) for i in range(count)]
+
+
+@dataclass
+class WorkerSlot:
+    """Where one local worker runs: its environment (CUDA_VISIBLE_DEVICES or OMP_NUM_THREADS), its CPU cores and
+    the overrides added to its command line."""
+    env: dict[str, str]
+    cores: list[int]
+    overrides: list[str]
+
+
+def worker_plan(workers: int | str, devices: list[str], cores: list[int]) -> list[WorkerSlot]:
+    """One slot per worker. With GPUs: worker i sees only devices[i % len(devices)] (auto: one per GPU), and the
+    cores are split between them. On CPU (no devices): the cores are split into disjoint sets (auto: one worker
+    per core), each worker pinned to its set and training with that many threads; more workers than cores share
+    cores one each."""
+    n = (len(devices) or len(cores)) if workers == "auto" else int(workers)
+    n = max(1, n)
+    per = max(1, len(cores) // n)
+    slots = []
+    for i in range(n):
+        mine = cores[i * per:(i + 1) * per] if (i + 1) * per <= len(cores) else [cores[i % len(cores)]]
+        env = {"OMP_NUM_THREADS": str(len(mine))}
+        if devices:
+            env["CUDA_VISIBLE_DEVICES"] = devices[i % len(devices)]
+        slots.append(WorkerSlot(env=env, cores=mine, overrides=[f"threads={len(mine)}"]))
+    return slots
+
+
+def launch_workers(user_overrides: list[str], settings: SweepSettings, out=None) -> int:
+    """Start settings.workers copies of `python -m sweeps.run` (each with sweep.workers=1) placed by worker_plan,
+    wait for all, return the first non-zero exit code (0 when all succeeded)."""
+    import subprocess
+
+    out = out or sys.stdout
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    devices = visible_devices()
+    slots = worker_plan(settings.workers, devices, cores)
+    base = [o for o in user_overrides if not o.lstrip("+~").startswith("sweep.workers=")]
+    user_threads = any(o.lstrip("+~").startswith("threads=") for o in base)
+    seed = settings.sampler.get("seed")
+    where = f"GPUs {','.join(devices)}" if devices else f"{len(cores)} CPU cores"
+    print(f"[sweep {settings.study_name}] {len(slots)} local workers on {where}, one study in "
+          f"{mask_url(settings.storage)}", file=out, flush=True)
+    procs = []
+    for i, slot in enumerate(slots):
+        extra = ["sweep.workers=1"] + ([] if user_threads else slot.overrides)
+        if seed is not None:  # equal seeds would sample equal start-up points in every worker
+            extra.append(f"sweep.sampler.seed={int(seed) + i}")
+        env = {**os.environ, **slot.env}
+
+        def pin(cores=slot.cores):
+            if hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(0, cores)
+
+        procs.append(subprocess.Popen([sys.executable, "-m", "sweeps.run", *base, *extra], env=env,
+                                      preexec_fn=pin))
+        print(f"[sweep {settings.study_name}] worker {i}: pid {procs[-1].pid}, "
+              + ", ".join(f"{k}={v}" for k, v in slot.env.items()) + f", cores {slot.cores}", file=out, flush=True)
+    try:
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt:  # Ctrl-C reached the workers too (one process group): let them end their trials
+        for p in procs:
+            p.wait()
+        raise
+    print(f"[sweep {settings.study_name}] workers done, exit codes {codes}", file=out, flush=True)
+    return next((c for c in codes if c), 0)
+
+
 class Sweep:
     """One worker of one study. ``run()`` returns the process exit code."""
 
@@ -458,6 +559,8 @@ class Sweep:
                 raise SweepError(f"conf/sweep/{self.name}.yaml is empty")
             sweep_cfg.update(self.sweep_patch)
             self.settings = settings = SweepSettings.from_config(self.name, sweep_cfg)
+            if settings.workers != 1:
+                return launch_workers(self.user_overrides, settings, out=self.out)
             return self._run(root, settings)
 
     def _base_overrides(self, settings: SweepSettings) -> tuple[list[str], dict[str, Any]]:
