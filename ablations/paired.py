@@ -31,11 +31,13 @@ import sys
 import time
 from pathlib import Path
 
+from modules.errors import ConfigError
+
 TOOL = "ablations.paired"
 ORDER = "interleaved rounds: every arm once per round, in the order given (A B C, A B C, ...)"
 
 
-class PairedError(ValueError):
+class PairedError(ConfigError):
     """Bad input: one line naming the bad value and the fix."""
 
 
@@ -119,7 +121,7 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
     for name, overrides, cfg, mcfg in composed:
         try:
             tr = BareTrainer(mcfg, batches, precision, compiled=False, optim=cfg.optim, device=device)
-        except ValueError as exc:  # modules.errors.ConfigError: a bad model value
+        except ConfigError as exc:  # a bad model value (named by modules.config)
             raise PairedError(f"arm {name!r}: {exc}") from None
         trainers.append((name, overrides, mcfg, tr))
     for _, _, _, tr in trainers:  # untimed: first-call allocations, autotuning, the lr warm-up's first steps

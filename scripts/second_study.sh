@@ -24,8 +24,15 @@ if [[ $report_only == 0 ]]; then
   python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
     "$store/mlflow.db" "$store/mlflow.compact.db"
   gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+  # training throughput of the arms, paired: interleaved rounds in one process at the largest size (m), not the
+  # runs' own tokens/s, which were measured at different times on a shared machine
+  m="model.n_layer=2 model.n_head=2 model.n_embd=64 tokenizer=char tokenizer.vocab_size=65"
+  python -m ablations.paired --model small-cpu --threads 1 --steps 10 --rounds 12 --json reports/second-study/paired.json \
+    "baseline=$m" "rope=$m position=rope" "rmsnorm=$m norm=rmsnorm" "swiglu=$m mlp=swiglu" "geglu=$m mlp=geglu" \
+    "relu2=$m mlp=relu2"
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
 rm -rf reports/second-study/report
-MLFLOW_TRACKING_URI="sqlite:///$store/mlflow.db" python -m analysis.report second-study --out reports/second-study/report
+MLFLOW_TRACKING_URI="sqlite:///$store/mlflow.db" python -m analysis.report second-study --out reports/second-study/report \
+  --paired reports/second-study/paired.json
