@@ -623,7 +623,7 @@ def variant_configs(base: dict) -> dict[str, dict]:
 def variant_context(opts: dict) -> tuple[int, int]:
     """(decode/prefill context, new tokens per decode measurement) of the variants section."""
     c = max(opts["contexts"]) if opts.get("contexts") else 1024
-    new = opts.get("new_tokens") or (8 if opts["quick"] else 16)
+    new = opts.get("new_tokens") or (8 if opts["quick"] else 32)
     if c < 1 or new < 1:
         raise SystemExit(f"ablations.bench: variants need a context >= 1 and --new-tokens >= 1 (got {c}, {new})")
     return c, new
@@ -641,14 +641,6 @@ def _timed_rate(fn, seconds: float, device: str) -> float:
             return amount / elapsed
 
 
-def _decode_rate(model, prompt, new: int, dtype, seconds: float, device: str) -> tuple[float, int]:
-    """Cached decode tokens/s over at least `seconds` of decode steps (prefills untimed), and the cache bytes
-    held after the prefill."""
-    tokens, spent, nbytes = 0, 0.0, 0
-    while spent < seconds or tokens == 0:
-        sec_per_tok, nbytes, _ = decode_cached(model, prompt, new, dtype, device)
-        tokens, spent = tokens + new, spent + sec_per_tok * new
-    return tokens / spent, nbytes
 
 
 def _median(xs: list[float]) -> float:
@@ -659,7 +651,9 @@ def _median(xs: list[float]) -> float:
 
 def variants_figures(base: dict, cfg, opts: dict, window: float, rounds: int, rows: list) -> dict:
     """Per variant (variant_configs): medians over `rounds` interleaved rounds (A B C ..., A B C ...) of training
-    tokens/s, prefill and decode tokens/s at the section's context, and their fractions of the analytic bounds.
+    tokens/s (steps for `window` seconds), prefill tokens/s (prefills for `window` seconds) and decode tokens/s
+    (one untimed prefill, then `new` timed steps) at the section's context, and their fractions of the analytic
+    bounds.
 
     Bounds. Training: GEMM peak / flops_per_token(cfg) at block_size (modules.accounting, 6N + attention).
     Prefill of c tokens: GEMM peak / (flops_per_token(cfg, seq_len=(c+1)//2) / 3): the forward third, each query
@@ -709,11 +703,16 @@ def variants_figures(base: dict, cfg, opts: dict, window: float, rounds: int, ro
         for prec, fn in gemm.items():
             peak[prec] = max(peak[prec], _best_rate(fn, device))
         read_bw = max(read_bw, _best_rate(read, device))
-        for label, a in arms.items():
+        # measurement-major (every arm's training, then every arm's prefill, ...): the arms of one comparison are
+        # timed seconds apart, not a whole round apart, so they meet the same load
+        for a in arms.values():
             a["train"].append(_timed_rate(a["trainer"].step, window, device))
+        for a in arms.values():
             a["prefill"].append(_timed_rate(lambda m=a["model"]: (prefill(m, prompt, dtype), c)[1], window, device))
-            rate, nbytes[label] = _decode_rate(a["model"], prompt, new, dtype, window, device)
-            a["decode"].append(rate)
+        for label, a in arms.items():
+            # one prefill (untimed: at long contexts it costs more than the decode) and `new` timed steps
+            sec_per_tok, nbytes[label], _ = decode_cached(a["model"], prompt, new, dtype, device)
+            a["decode"].append(1 / sec_per_tok)
         log(f"variants: round {r + 1}/{rounds} done")
     peak_infer = peak[infer_prec]
     if opts.get("peak_flops") and precision == "bf16-mixed":  # a configured (datasheet) bf16 peak for training
