@@ -33,6 +33,8 @@ from pathlib import Path
 
 from modules.errors import ConfigError
 
+from ablations.repro import cpu_model
+
 TOOL = "ablations.paired"
 ORDER = "interleaved rounds: every arm once per round, in the order given (A B C, A B C, ...)"
 
@@ -146,25 +148,13 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
                          "median_tokens_per_sec": _median(rates[name]), **ratio_summary(rates[ref], rates[name]),
                          "loss_last": float(tr.losses[-1])})
     return {"tool": TOOL, "version": 1, "model": model, "device": device,
-            "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else _cpu_name(),
+            "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else cpu_model(),
             "precision": precision, "precision_reason": why, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "steps_per_round": steps, "warmup_steps": warmup, "rounds": rounds,
             "order": ORDER, "batch_size": batch_size, "block_size": T, "tokens_per_step": batch_size * T,
             "batches": source, "load_average_start": load_start,
             "load_average_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             "reference": ref, "arms": arms_out}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "cpu"
 
 
 def summary_lines(res: dict) -> list[str]:

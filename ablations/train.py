@@ -30,7 +30,7 @@ from .generation import generation_benchmark, sample_text
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
 from .metrics import MetricsCallback, measure_peak_flops
 from .progress import LineProgress, line_every, wants_lines
-from .repro import derived_seed, environment_tags, seed_all
+from .repro import cpu_model, derived_seed, environment_tags, seed_all
 
 __all__ = ["train", "DivergenceError", "ConfigError", "DataError", "TokenizerError", "TrackingError",
            "CheckpointError", "AblationsError", "config_hash", "load_final_checkpoint"]
@@ -121,15 +121,7 @@ def _unwrap_spawn_error(e: BaseException, relay: Path) -> BaseException:
 def _device_tags(accel: str) -> dict:
     if accel == "cuda" and torch.cuda.is_available():
         return {"device": "cuda", "device_name": torch.cuda.get_device_name(0)}
-    name = "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"device": accel, "device_name": name}
+    return {"device": accel, "device_name": cpu_model()}
 
 
 @dataclass
