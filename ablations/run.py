@@ -110,9 +110,9 @@ def check_config_keys(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
         node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
         if not isinstance(node, DictConfig):
             node, leaf = cfg, key.split(".", 1)[0]  # the top of the key is unknown already
-            if leaf in node:
+            if leaf in node.keys():  # keys(), not `in node`: a mandatory `???` value is "not in" a DictConfig
                 continue
-        elif leaf in node:
+        elif leaf in node.keys():
             continue
         where = f"{parent}." if node is not cfg else ""
         close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=3, cutoff=0.5)

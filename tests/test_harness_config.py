@@ -79,6 +79,8 @@ def test_known_config_keys_pass():
 
     assert check_config_keys(["model=tiny", "model.n_layer=3", "trainer.max_steps=5", "norm.qk_norm=true",
                               "+model.extra=1", "experiment=norms", "hydra.job.chdir=true"], CONF) is None
+    # a mandatory key (`path: ???` in conf/data/text.yaml) is a known key too
+    assert check_config_keys(["data=text", "data.path=/tmp/corpus.txt"], CONF) is None
 
 
 def test_progress_lines_cadence():

@@ -179,10 +179,14 @@ def test_flops_per_token_equals_flop_counter_mode(name):
 
 
 def test_sliding_window_flops_charge_the_window_not_the_dense_kernel():
-    """The formula charges W keys per query; PyTorch's dense masked SDPA multiplies all T: the difference is
-    exactly the attention term for the T - W keys outside the window."""
+    """The formula charges W keys per query. The blocked sliding kernel (issue 12) multiplies each block of W queries
+    with its own block of keys and the previous one (2W keys; W in the first block), not all T keys as a dense
+    masked SDPA would: the counted difference is exactly the attention term for those extra keys, O(T * W)."""
     torch.manual_seed(0)
     L, nh, hs, T, W = 2, 4, 8, 32, 8
     model = GPT(vocab_size=64, block_size=T, n_layer=L, n_head=nh, n_embd=nh * hs,
                 attention={"name": "sliding", "window": W})
-    assert counted_flops_per_token(model) - accounting.flops_per_token(model.config) == 6 * L * nh * 2 * hs * (T - W)
+    keys_per_query = (W * W + (T // W - 1) * W * 2 * W) / T  # 14 here: 8 in the first block, 16 after
+    extra = 6 * L * nh * 2 * hs * (keys_per_query - W)
+    assert counted_flops_per_token(model) - accounting.flops_per_token(model.config) == extra
+    assert extra < 6 * L * nh * 2 * hs * (T - W)  # less than a dense (T, T) kernel would add

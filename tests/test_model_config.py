@@ -123,7 +123,12 @@ def test_every_variant_has_a_yaml_that_validates(group):
 @pytest.mark.parametrize("preset,sizes", [("tiny", (32, 2, 4, 32)), ("small-cpu", (64, 4, 4, 128)),
                                           ("baby", (256, 6, 6, 384)), ("gpt2-124m", (1024, 12, 12, 768))])
 def test_model_presets(preset, sizes):
-    d = yaml.safe_load((CONF / "model" / f"{preset}.yaml").read_text())
+    # the presets share conf/model/_gpt.yaml through Hydra defaults: check the composed node, not the raw file
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        d = OmegaConf.to_container(compose("config", overrides=[f"model={preset}"]).model, resolve=False)
     assert d["_target_"] == "modules.gpt.GPT" and d["_convert_"] == "all"
     assert (d["block_size"], d["n_layer"], d["n_head"], d["n_embd"]) == sizes
     assert d["vocab_size"] == "${tokenizer.vocab_size}"
