@@ -10,6 +10,10 @@ SHARED = (REPO.parent / "shared").resolve()
 # tiktoken reads its GPT-2 BPE files from here instead of downloading them.
 if (SHARED / "tiktoken-cache").is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken-cache"))
+# The README's command sets it relative (../shared/tiktoken-cache): make it absolute, so the CLI subprocesses that
+# tests start in their own temporary directories find the files too.
+if os.environ.get("TIKTOKEN_CACHE_DIR"):
+    os.environ["TIKTOKEN_CACHE_DIR"] = os.path.abspath(os.environ["TIKTOKEN_CACHE_DIR"])
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("HYDRA_FULL_ERROR", "0")
 
