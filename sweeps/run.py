@@ -48,13 +48,21 @@ def main(argv: list[str] | None = None, train_fn=None, conf_dir=None) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from modules.errors import AblationsError
     from sweeps.study import Sweep
 
+    kwargs = {"conf_dir": conf_dir} if conf_dir is not None else {}
+    return exit_code(lambda: Sweep(argv, train_fn=train_fn, **kwargs).run())
+
+
+def exit_code(command) -> int:
+    """Run `command()` and return its exit code. A user-facing error (SweepError, StorageError, SpaceError, the
+    harness's own: any AblationsError) is one line and exit 2, Ctrl-C exit 130; anything else is a bug and keeps
+    its traceback."""
+    from modules.errors import AblationsError
+
     try:
-        kwargs = {"conf_dir": conf_dir} if conf_dir is not None else {}
-        return Sweep(argv, train_fn=train_fn, **kwargs).run()
-    except AblationsError as e:  # SweepError, StorageError, SpaceError, and the harness's own
+        return command()
+    except AblationsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -286,15 +286,10 @@ def main(argv: list[str] | None = None, train_fn=None, conf_dir: Path | None = N
         print(USAGE)
         return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        protocol = load_protocol(argv, conf_dir or CONF_DIR)
-        return Verdict(protocol, train_fn=train_fn, conf_dir=conf_dir or CONF_DIR).run()
-    except AblationsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    from sweeps.run import exit_code
+
+    conf = conf_dir or CONF_DIR
+    return exit_code(lambda: Verdict(load_protocol(argv, conf), train_fn=train_fn, conf_dir=conf).run())
 
 
 if __name__ == "__main__":
