@@ -2,6 +2,7 @@
 
     train(cfg, callbacks=[KillAt(7)])      # the process dies after optimizer step 7, like kill -9
     train(cfg, callbacks=[NanAt(3)])       # the weights become NaN before step 3: the loss is NaN from there
+    train(cfg, callbacks=[PruneAt(3)])     # optuna.TrialPruned after step 3, as a pruned sweep trial raises it
 
 For a test that runs the command line, `python -m tests.fault_run kill@7 [overrides]` is `python -m ablations.run`
 with such a callback (the product has no fault hook of its own)."""
@@ -34,6 +35,19 @@ class NanAt(pl.Callback):
         if trainer.global_step >= self.step:
             with torch.no_grad():
                 next(pl_module.parameters()).fill_(float("nan"))
+
+
+class PruneAt(pl.Callback):
+    """After optimizer step `step`: raise optuna.TrialPruned (train() ends the run as KILLED, tag pruned=true)."""
+
+    def __init__(self, step: int):
+        self.step = int(step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from optuna import TrialPruned
+
+        if trainer.global_step >= self.step:
+            raise TrialPruned(f"pruned at step {trainer.global_step}")
 
 
 def from_spec(spec: str) -> pl.Callback:

@@ -1,26 +1,15 @@
 """`ablations.train.train` called in-process (as the sweeps do): bad input fails clearly and leaves nothing behind."""
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 from hydra import compose, initialize_config_dir
+from optuna import TrialPruned  # train() recognises it (isinstance) and ends the run as KILLED
 
 from ablations.errors import CheckpointError, DataError, TrackingError
 from ablations.train import config_hash, train
+from faults import PruneAt
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
-
-
-from optuna import TrialPruned  # noqa: E402 - train() recognises it (isinstance) and ends the run as KILLED
-
-
-class PruneAt(pl.Callback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step >= self.step:
-            raise TrialPruned(f"pruned at step {trainer.global_step}")
 
 
 def cfg_for(tmp: Path, shakespeare_path, *overrides):

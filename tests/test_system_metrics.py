@@ -7,13 +7,13 @@ the monitor thread is gone when the run ends (FINISHED or KILLED); `tracking.sys
 import threading
 from pathlib import Path
 
-import lightning.pytorch as pl
 import psutil
 import pytest
 from hydra import compose, initialize_config_dir
 from optuna import TrialPruned
 
 from ablations.train import config_hash, train
+from faults import PruneAt
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -39,13 +39,6 @@ def monitor_threads() -> list:
     return [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor" and t.is_alive()]
 
 
-class PruneAt(pl.Callback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step >= self.step:
-            raise TrialPruned(f"pruned at step {trainer.global_step}")
 
 
 @pytest.fixture(autouse=True)
