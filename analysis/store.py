@@ -287,10 +287,11 @@ def _status_reason(row) -> str:
 
 
 def _identity(frame: pd.DataFrame) -> pd.Series:
-    """What makes two finished runs the same measurement: variant and seed; for a run of the verdict protocol also
-    its protocol, arm, size, stage and lr (the lr stage runs one seed at several lrs that may share a variant)."""
+    """What makes two finished runs the same measurement: experiment, variant and seed (a run in another experiment
+    is another measurement, not a re-run: a query spanning experiments keeps both); for a run of the verdict
+    protocol also its protocol, arm, size, stage and lr (the lr stage runs one seed at several lrs)."""
     def one(row) -> str:
-        parts = [str(row["variant"]), str(row["seed"])]
+        parts = [str(row.get("experiment")), str(row["variant"]), str(row["seed"])]
         if pd.notna(row.get("verdict.protocol")):
             parts += [str(row.get(t)) for t in ("verdict.protocol", "verdict.arm", "verdict.size", "verdict.stage")]
             parts.append(repr(row.get("optim.lr")))
