@@ -101,19 +101,14 @@ def start(base: str | os.PathLike | None = None) -> Cluster:
 
 def create_database(server_url: str, name: str) -> str:
     """CREATE DATABASE ``name`` on the server of ``server_url`` (any database URL there); returns its URL."""
-    import psycopg2
+    import psycopg  # the project's one PostgreSQL driver (psycopg 3: the [cluster] extra)
     from sqlalchemy.engine import make_url
 
     u = make_url(server_url)
-    conn = psycopg2.connect(host=u.host or "127.0.0.1", port=u.port or 5432, user=u.username, password=u.password,
-                            dbname=u.database or "postgres", connect_timeout=10)
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            cur.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        conn.close()
+    with psycopg.connect(host=u.host or "127.0.0.1", port=u.port or 5432, user=u.username, password=u.password,
+                         dbname=u.database or "postgres", connect_timeout=10, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
     return u.set(database=name).render_as_string(hide_password=False)
 
 
