@@ -85,7 +85,8 @@ def _compose_arms(model: str, arms: list[tuple[str, list[str]]]):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from ablations.bench import _model_dict, compose
+    from ablations.bench import model_dict
+    from ablations.compose import compose
 
     out = []
     for name, overrides in arms:
@@ -94,7 +95,7 @@ def _compose_arms(model: str, arms: list[tuple[str, list[str]]]):
         except (HydraException, OmegaConfBaseException) as exc:
             line = " ".join(str(exc).split()) or type(exc).__name__  # Hydra lists the valid options on more lines
             raise PairedError(f"arm {name!r}: {line}") from None
-        out.append((name, overrides, cfg, _model_dict(cfg)))
+        out.append((name, overrides, cfg, model_dict(cfg)))
     shapes = {(m["vocab_size"], m["block_size"]) for _, _, _, m in out}
     if len(shapes) > 1:
         raise PairedError(f"arms differ in (vocab_size, block_size): {sorted(shapes)}; pair arms that read the same "

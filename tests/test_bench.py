@@ -100,7 +100,9 @@ def test_cache_appends_in_place():
 
     from modules import accounting
 
-    model = bench.build_model(bench._model_dict(bench.compose(["model=tiny"]))).eval()
+    from ablations.compose import compose
+
+    model = bench.build_model(bench.model_dict(compose(["model=tiny"]))).eval()
     cfg, T = model.config, model.config.block_size
     cache = model.new_cache(1)
     with torch.no_grad():

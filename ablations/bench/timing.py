@@ -1,0 +1,93 @@
+"""How the bench times work. The machine is shared and noisy: items are timed side by side in interleaved rounds
+(A B C A B C ...), so ratios between them compare figures taken under the same load."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ablations.generation import sync
+
+
+def interleaved(items: dict[str, Callable[[], float]], seconds: float, rounds: int, device: str = "cpu",
+                warmup: int = 1) -> dict[str, dict]:
+    """Measure the rate of each item side by side: `rounds` rounds, each giving every item about `seconds`.
+
+    items: name -> fn() that does one unit of work and returns its amount (tokens, FLOPs, bytes). Returns name ->
+    {"best": amount/sec of the fastest call, "best_round": of the best round, "median": median of the rounds}.
+    Interleaving puts every item through the same phases of other people's load. On a shared machine with several
+    threads, one descheduled thread stalls every parallel region (a 7 ms step can take 400 ms), so the fastest call
+    is the best estimate of an idle machine; it is what the table shows, for peaks and workloads alike.
+    """
+    for fn in items.values():
+        for _ in range(warmup):
+            fn()
+    sync(device)
+    rounds_rate: dict[str, list[float]] = {name: [] for name in items}
+    best: dict[str, float] = {name: 0.0 for name in items}
+    for _ in range(rounds):
+        for name, fn in items.items():
+            amount, t0 = 0.0, time.perf_counter()
+            while True:
+                t_call = time.perf_counter()
+                a = fn()
+                sync(device)
+                now = time.perf_counter()
+                amount += a
+                best[name] = max(best[name], a / (now - t_call))
+                if now - t0 >= seconds:
+                    break
+            rounds_rate[name].append(amount / (now - t0))
+    return {name: {"best": best[name], "best_round": max(r), "median": sorted(r)[len(r) // 2]}
+            for name, r in rounds_rate.items()}
+
+
+def fixed_steps(items: dict[str, Callable[[], float]], steps: int, device: str = "cpu") -> dict[str, dict]:
+    """A dry run: one warm-up call, then `steps` calls of each item, no rounds; the same result shape as
+    `interleaved`."""
+    res = {}
+    for name, fn in items.items():
+        fn()  # warm-up (and compile)
+        sync(device)
+        t0 = time.perf_counter()
+        amount = sum(fn() for _ in range(steps))
+        sync(device)
+        rate = amount / (time.perf_counter() - t0)
+        res[name] = {"best": rate, "best_round": rate, "median": rate}
+    return res
+
+
+def best_time(fn: Callable[[], object], reps: int, device: str = "cpu") -> float:
+    """Fastest of `reps` timed calls of fn() (after one untimed call), in seconds."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def best_rate(fn: Callable[[], float], device: str, calls: int = 3) -> float:
+    """The fastest of `calls` calls of fn() (a ceiling: the machine at its least disturbed), amount/sec."""
+    best = 0.0
+    for _ in range(calls):
+        sync(device)
+        t0 = time.perf_counter()
+        a = fn()
+        sync(device)
+        best = max(best, a / (time.perf_counter() - t0))
+    return best
+
+
+def timed_rate(fn: Callable[[], float], seconds: float, device: str) -> float:
+    """Amount per second of repeated fn() calls (each returns its amount) over at least `seconds`, >= 1 call."""
+    sync(device)
+    amount, t0 = 0.0, time.perf_counter()
+    while True:
+        amount += fn()
+        sync(device)
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return amount / elapsed
