@@ -1,6 +1,6 @@
 """The n-gram floor in MLflow and in the reports.
 
-`python -m analysis.ngram ... log=true` records one MLflow run per (data, tokenizer, val windows) in the experiment
+`python -m sweeps.floor ... log=true` records one MLflow run per (data, tokenizer, val windows) in the experiment
 `ngram-floor` (FLOOR_EXPERIMENT) of the same store as the study: tags `floor.*` say what it was fitted and scored on,
 metrics `ngram/bpb_order<n>` give its bpb per order. A report finds the floor whose data fingerprint, tokenizer,
 block size and val windows equal its runs' (`find_floor`) and shows it beside the arms (`floor_blocks`); when the
@@ -43,23 +43,6 @@ class Floor:
 
 def floor_tags(meta: dict) -> dict:
     return {f"floor.{k}": str(v) for k, v in meta.items()}
-
-
-def log_floor(uri: str, bpb: dict, meta: dict) -> str:
-    """One FINISHED run in FLOOR_EXPERIMENT with `meta` as floor.* tags and the bpb per order; returns its id."""
-    from ablations.tracking import client, get_or_create_experiment
-
-    cl = client(uri)
-    exp = get_or_create_experiment(cl, uri, FLOOR_EXPERIMENT)
-    name = f"ngram {meta['data']} {meta['tokenizer']} {meta['scope']}"
-    run = cl.create_run(exp, run_name=name, tags={**floor_tags(meta), "data_fingerprint": meta["data_fingerprint"],
-                                                  "tokenizer": meta["tokenizer"]})
-    from mlflow.entities import Metric
-
-    metrics = [Metric(FLOOR_METRIC.format(n=n), float(v), 0, n) for n, v in sorted(bpb.items())]
-    cl.log_batch(run.info.run_id, metrics=metrics)
-    cl.set_terminated(run.info.run_id, "FINISHED")
-    return run.info.run_id
 
 
 def find_floor(uri: str, data_fingerprint, tokenizer, block_size=None, val_windows=None) -> Floor | None:

@@ -30,9 +30,11 @@ import numpy as np
 import pandas as pd
 
 from analysis import scaling
+from analysis.document import margin_text, p_text, render_html, render_markdown, sci
+from analysis.floor import Floor, floor_blocks, floor_for_runs, headline
 from analysis.paired import UNPAIRED, paired_blocks
 from analysis.store import AnalysisError, RunSet, display_uri
-from analysis.verdict import VERDICT_METRIC, Margin, choose_margin, compare_family
+from analysis.verdict import VERDICT_METRIC, WIDE_MARGIN, Margin, compare_pairs, resolve_margin
 
 STAGE_LR, STAGE_SEEDS = "lr", "seeds"
 SCALING_METRIC = "final_val_loss"
@@ -58,7 +60,7 @@ def _lr_key(v) -> float:
 
 
 @dataclass
-class Protocol:
+class ProtocolRuns:
     """The runs of one protocol, split by stage, with its sizes (smallest budget first), arms and families."""
 
     name: str
@@ -71,9 +73,34 @@ class Protocol:
     arms: list  # baseline first, then by (family, name)
     family: dict  # arm -> family
     left_out: pd.DataFrame
+    holm: str = "study"  # the declared Holm family (verdict.holm): study | size | arm-family
+    holm_source: str = ""  # how it is known, in words
+    primary_arms: tuple = ()  # () = every non-baseline arm
+    primary_sizes: tuple = ()  # () = every size
 
 
-def select(runset: RunSet, baseline: str | None = None) -> Protocol:
+def declared(inc: pd.DataFrame) -> dict:
+    """The Holm family and primary comparisons the runs recorded (verdict.holm, verdict.primary); the default when
+    they recorded none (runs from before the tags): one family of every comparison. AnalysisError if they differ."""
+    holm = sorted(set(inc.get("verdict.holm", pd.Series(dtype=object)).dropna().astype(str)))
+    prim = sorted(set(inc.get("verdict.primary", pd.Series(dtype=object)).dropna().astype(str)))
+    if len(holm) > 1 or len(prim) > 1:
+        raise AnalysisError(f"the runs recorded different Holm families ({', '.join(holm + prim)}): one protocol "
+                            "declares one family; report its runs of one declaration with --filter")
+    if not holm:
+        return {"holm": "study", "holm_source": "not declared before the runs (no verdict.holm tag): the default, "
+                                                "every comparison of the study in one family"}
+    parts = dict(kv.split("=", 1) for kv in (prim[0].split(";") if prim else []) if "=" in kv)
+
+    def names(key):
+        v = parts.get(key, "*")
+        return () if v in ("*", "") else tuple(v.split(","))
+
+    return {"holm": holm[0], "holm_source": "declared before the runs (verdict.holm, verdict.primary)",
+            "primary_arms": names("arms"), "primary_sizes": names("sizes")}
+
+
+def select(runset: RunSet, baseline: str | None = None) -> ProtocolRuns:
     """The protocol's runs from a RunSet (AnalysisError when several protocols match or the baseline is unknown).
     Runs without protocol tags are left out, with the reason."""
     runs, inc = runset.runs, runset.included
@@ -119,7 +146,7 @@ def select(runset: RunSet, baseline: str | None = None) -> Protocol:
     if baseline not in family:
         raise AnalysisError(f"baseline arm {baseline!r} has no usable runs; arms: {', '.join(sorted(family))}")
     arms = [baseline] + sorted((a for a in family if a != baseline), key=lambda a: (family[a], a))
-    return Protocol(name, runset, seeds, lr, lr_failed, sizes, baseline, arms, family, lo)
+    return ProtocolRuns(name, runset, seeds, lr, lr_failed, sizes, baseline, arms, family, lo, **declared(inc))
 
 
 # ---------------------------------------------------------------------------------------------------- statistics
@@ -135,51 +162,57 @@ def _params(runs: pd.DataFrame) -> float:
     return float(v.iloc[0]) if len(v) else math.nan
 
 
-def verdicts(p: Protocol, margin: float | None = None) -> tuple[pd.DataFrame, dict]:
-    """One row per (size, arm) of the seeds stage; the statistics of every non-baseline arm against the baseline
-    at that size, Holm across the arms of its family at that size. Returns (table, {size: Margin})."""
-    rows, margins = [], {}
+def family_of(p: ProtocolRuns, size: str, arm: str) -> str:
+    """The Holm family a comparison belongs to, as the protocol declared it (`verdict.holm`, `verdict.primary`):
+    `study` (every primary comparison), `size <s>`, `<family> at <s>`; the non-primary ones form `secondary`."""
+    if (p.primary_arms and arm not in p.primary_arms) or (p.primary_sizes and size not in p.primary_sizes):
+        return "secondary"
+    if p.holm == "size":
+        return f"size {size}"
+    if p.holm == "arm-family":
+        return f"{p.family[arm]} at {size}"
+    return "study"
+
+
+def verdicts(p: ProtocolRuns, margin: Margin) -> pd.DataFrame:
+    """One row per (size, arm) of the seeds stage; every non-baseline arm against the baseline at that size, its
+    p-values Holm-adjusted within its declared family (`family_of`), its Δ with a 95% Welch CI."""
     m = VERDICT_METRIC
+    groups: dict = {}
+    for size in p.sizes:
+        at = p.seeds[p.seeds["verdict.size"] == size]
+        base = at.loc[at["verdict.arm"] == p.baseline, m].astype(float)
+        for a in p.arms:
+            if a != p.baseline and (at["verdict.arm"] == a).any():
+                vals = at.loc[at["verdict.arm"] == a, m].astype(float)
+                groups.setdefault(family_of(p, size, a), {})[(size, a)] = (vals, base)
+    results = {}
+    for name, pairs in groups.items():
+        res = compare_pairs(pairs, margin.value)
+        for key, r in zip(pairs, res.itertuples()):
+            results[key] = r._asdict() | {"holm_family": name, "holm_family_size": len(pairs)}
+    rows = []
     for size in p.sizes:
         at = p.seeds[p.seeds["verdict.size"] == size]
         base = at[at["verdict.arm"] == p.baseline]
-        try:
-            mg = choose_margin(base[m].astype(float), margin, m)
-        except ValueError as exc:
-            raise AnalysisError(str(exc)) from None
-        if margin is None and np.isfinite(mg.value):
-            mg = Margin(mg.value, f"{mg.source} of the baseline arm `{p.baseline}` at size {size}")
-        margins[size] = mg
         base_params = _params(base)
-        present = [a for a in p.arms if a != p.baseline and (at["verdict.arm"] == a).any()]
-        for fam in sorted({p.family[a] for a in present}):
-            members = [a for a in present if p.family[a] == fam]
-            res = compare_family({a: at.loc[at["verdict.arm"] == a, m].astype(float) for a in members},
-                                 base[m].astype(float), mg.value).set_index("arm")
-            for a in members:
-                r = res.loc[a]
-                arm_runs = at[at["verdict.arm"] == a]
-                spread = len(arm_runs) > 1 and len(base) > 1  # resampling one seed gives a zero-width "interval"
-                rows.append(_row(size, a, fam, arm_runs, base_params, m) | {
-                    "delta": r["delta"], "boot_ci_low": r["boot_ci_low"] if spread else math.nan,
-                    "boot_ci_high": r["boot_ci_high"] if spread else math.nan,
-                    "p_welch": r["p_welch"], "p_holm": r["p_holm"], "p_tost": r["p_tost"],
-                    "p_tost_holm": r["p_tost_holm"], "tost_ci_low": r["tost_ci_low"],
-                    "tost_ci_high": r["tost_ci_high"], "holm_family_size": len(members), "margin": mg.value,
-                    "verdict": r["verdict"]})
-        if len(base):
-            rows.append(_row(size, p.baseline, p.family[p.baseline], base, base_params, m) | {
-                "margin": mg.value, "verdict": "baseline"})
-    cols = ["size", "arm", "family", "n_seeds", "seeds", "lr", "mean", "std", "params", "params_baseline",
-            "params_differ", "delta", "boot_ci_low", "boot_ci_high", "p_welch", "p_holm", "p_tost", "p_tost_holm",
-            "tost_ci_low", "tost_ci_high", "holm_family_size", "margin", "verdict"]
-    table = pd.DataFrame(rows, columns=cols)
-    if len(table):
-        order = {a: i for i, a in enumerate(p.arms)}
-        table["_s"] = table["size"].map({s: i for i, s in enumerate(p.sizes)})
-        table["_a"] = table["arm"].map(order)
-        table = table.sort_values(["_s", "_a"]).drop(columns=["_s", "_a"]).reset_index(drop=True)
-    return table, margins
+        for a in p.arms:
+            arm_runs = at[at["verdict.arm"] == a]
+            if a == p.baseline and len(base):
+                rows.append(_row(size, a, p.family[a], base, base_params, m) | {"margin": margin.value,
+                                                                               "verdict": "baseline"})
+            elif (size, a) in results:
+                r = results[(size, a)]
+                rows.append(_row(size, a, p.family[a], arm_runs, base_params, m) | {
+                    k: r[k] for k in ("delta", "ci_low", "ci_high", "p_welch", "p_holm", "p_tost", "p_tost_holm",
+                                      "tost_ci_low", "tost_ci_high", "holm_family", "holm_family_size", "margin",
+                                      "verdict")})
+    return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+
+
+VERDICT_COLUMNS = ["size", "arm", "family", "n_seeds", "seeds", "lr", "mean", "std", "params", "params_baseline",
+                   "params_differ", "delta", "ci_low", "ci_high", "p_welch", "p_holm", "p_tost", "p_tost_holm",
+                   "tost_ci_low", "tost_ci_high", "holm_family", "holm_family_size", "margin", "verdict"]
 
 
 def _row(size, arm, fam, runs: pd.DataFrame, base_params: float, m: str) -> dict:
@@ -190,12 +223,12 @@ def _row(size, arm, fam, runs: pd.DataFrame, base_params: float, m: str) -> dict
             "mean": float(vals.mean()), "std": float(vals.std(ddof=1)) if len(vals) > 1 else math.nan,
             "params": params, "params_baseline": base_params,
             "params_differ": bool(np.isfinite(params) and np.isfinite(base_params) and params != base_params),
-            "delta": math.nan, "boot_ci_low": math.nan, "boot_ci_high": math.nan, "p_welch": math.nan,
+            "delta": math.nan, "ci_low": math.nan, "ci_high": math.nan, "p_welch": math.nan,
             "p_holm": math.nan, "p_tost": math.nan, "p_tost_holm": math.nan, "tost_ci_low": math.nan,
-            "tost_ci_high": math.nan, "holm_family_size": 0}
+            "tost_ci_high": math.nan, "holm_family": "", "holm_family_size": 0}
 
 
-def lr_search(p: Protocol) -> tuple[pd.DataFrame, list]:
+def lr_search(p: ProtocolRuns) -> tuple[pd.DataFrame, list]:
     """Per (size, arm): final val bpb of the lr stage at each lr tried (NaN: not tried; failed runs in `failed`),
     the chosen lr (the seeds stage's `verdict.lr`; without seeds runs, the lr stage's best), and whether it is at
     an edge of the grid. Returns (table, sorted grid of every lr tried)."""
@@ -240,7 +273,7 @@ def run_compute(runs: pd.DataFrame) -> pd.Series:
     return runs["flops_seen"].astype(float).where(np.isfinite(runs["flops_seen"].astype(float)), fallback)
 
 
-def scaling_section(p: Protocol) -> ScalingResult:
+def scaling_section(p: ProtocolRuns) -> ScalingResult:
     s = p.seeds
     points = pd.DataFrame({"arm": s["verdict.arm"], "size": s["verdict.size"], "seed": s["seed"],
                            "compute": run_compute(s), SCALING_METRIC: s[SCALING_METRIC].astype(float)})
@@ -266,10 +299,11 @@ def scaling_section(p: Protocol) -> ScalingResult:
 class ProtocolReport:
     out: Path
     runset: RunSet
-    protocol: Protocol
+    protocol: ProtocolRuns
     verdicts: pd.DataFrame
-    margins: dict
+    margin: Margin
     scaling: ScalingResult
+    floor: "Floor | None" = None
     files: list = field(default_factory=list)
 
     @property
@@ -281,15 +315,12 @@ class ProtocolReport:
         lines = [f"protocol report for {self.runset.description} (protocol `{p.name}`): {len(p.seeds)} seeds-stage "
                  f"and {len(p.lr)} lr-stage runs, {len(p.arms)} arms x {len(p.sizes)} sizes -> "
                  f"{self.out / 'index.md'}"]
-        for size, mg in self.margins.items():
-            lines.append(f"verdicts at size {size} on {VERDICT_METRIC}: equivalence margin "
-                         f"{_margin_text(mg.value)} bits/byte ({mg.source})")
+        lines.append(f"verdicts on {VERDICT_METRIC}: equivalence margin {margin_text(self.margin.value)} bits/byte "
+                     f"({self.margin.source}); Holm family: {p.holm} ({p.holm_source})")
+        if self.floor is not None:
+            lines.append("n-gram floor (bpb by order): " + ", ".join(f"{n}: {v:.4f}" for n, v in self.floor.bpb.items()))
         lines.append(f"scaling: {self.scaling.summary}")
         return lines
-
-
-def _margin_text(m: float) -> str:
-    return f"±{m:.3g}" if np.isfinite(m) else "none"
 
 
 def build(runset: RunSet, out: str | Path, baseline: str | None = None, margin: float | None = None,
@@ -297,11 +328,14 @@ def build(runset: RunSet, out: str | Path, baseline: str | None = None, margin: 
     """Write the protocol report into `out` (only its own files are replaced)."""
     from analysis.paired import load_paired
     from analysis.plots import save_figure, scaling_figure, variant_styles
-    from analysis.report import render_html, render_markdown
 
     p = select(runset, baseline)
     paired_res = load_paired(paired) if paired else None
-    table, margins = verdicts(p, margin)
+    try:
+        mg = resolve_margin(margin, p.seeds["verdict.margin"], p.seeds["verdict.margin_reason"])
+    except ValueError as exc:
+        raise AnalysisError(str(exc)) from None
+    table = verdicts(p, mg)
     sc = scaling_section(p)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -310,7 +344,7 @@ def build(runset: RunSet, out: str | Path, baseline: str | None = None, margin: 
         (out / name).unlink(missing_ok=True)
     for ext in ("png", "svg", "pdf"):
         (figdir / f"{SCALING_FIGURE}.{ext}").unlink(missing_ok=True)
-    report = ProtocolReport(out, runset, p, table, margins, sc)
+    report = ProtocolReport(out, runset, p, table, mg, sc, floor_for_runs(runset.tracking_uri, p.seeds))
 
     def write(name: str, text: str) -> None:
         path = out / name
@@ -349,14 +383,6 @@ def _signed(v: float, digits: int = 4) -> str:
     return "n/a" if not np.isfinite(v) else ("+" if v >= 0 else "−") + f"{abs(v):.{digits}f}"
 
 
-def _pv(v: float) -> str:
-    return "n/a" if not np.isfinite(v) else ("< 0.001" if v < 0.001 else f"{v:.3f}")
-
-
-def _sci(v: float) -> str:
-    return ("∞" if v == np.inf else "n/a") if not np.isfinite(v) else f"{v:.3g}"
-
-
 def _params_text(r) -> str:
     if not np.isfinite(r["params"]):
         return "n/a"
@@ -369,9 +395,11 @@ def _params_text(r) -> str:
 
 
 def _blocks(rep: ProtocolReport, lrs: pd.DataFrame, grid: list, figure, paired_res, paired_path, command_args):
-    p, rs, table = rep.protocol, rep.runset, rep.verdicts
+    p, rs = rep.protocol, rep.runset
     n_left = int((p.left_out["scope"] == "report").sum()) if len(p.left_out) else 0
     b: list = [("h1", f"Verdict protocol report: `{p.name}`")]
+    b.extend(_floor_headline(rep))
+    b.extend(_commit_headline(p))
     b.append(("p", f"MLflow tracking URI `{display_uri(rs.tracking_uri)}`; {rs.description}. Protocol `{p.name}` "
                    f"(`python -m sweeps.verdict`): **{len(p.arms)}** arms × **{len(p.sizes)}** sizes "
                    f"({', '.join(f'`{s}`' for s in p.sizes)}, smallest compute budget first); **{len(p.seeds)}** "
@@ -381,46 +409,117 @@ def _blocks(rep: ProtocolReport, lrs: pd.DataFrame, grid: list, figure, paired_r
     b.append(("p", "Only the **seeds** stage (every arm at its own best lr, seeds other than the lr search's) "
                    "enters the statistics; the lr-stage runs only choose the lr (the winner of a search is biased "
                    "low) and appear in the lr search table alone."))
-    b.append(("h2", "Verdicts per size"))
-    b.append(("p", "Final val bpb (bits/byte, lower is better), mean ± std over seeds (ddof=1); Δ = arm − baseline "
-                   "at the same size with a 95% percentile bootstrap CI over seeds (10,000 resamples, seeded; with "
-                   "few seeds it is too narrow, so verdicts never use it). p (Welch): two-sided Welch t-test; "
-                   "p (Holm): Holm-adjusted across the arms of the row's family **at that size** (the `Holm m` "
-                   "column is the number of arms adjusted together); p (TOST, Holm): two one-sided Welch tests "
-                   "against ±m, Holm-adjusted the same way. **Verdict**, exactly one of *better*, *worse*, "
-                   "*equivalent within ±m*, *inconclusive*: equivalent when p (TOST, Holm) < 0.05; else better / "
-                   "worse when p (Holm) < 0.05; else inconclusive: neither a difference nor an equivalence was "
-                   "shown (a non-significant p is not evidence of no difference). lr: the arm's best lr (the seeds "
-                   "ran at it). params: whether the arm's parameter count differs from the baseline's."))
-    margin_lines = [f"size `{s}`: m = {_margin_text(mg.value)} bits/byte ({mg.source})"
-                    for s, mg in rep.margins.items()]
-    b.append(("p", "Equivalence margins:"))
-    b.append(("ul", margin_lines))
-    rows = []
-    for _, r in table.iterrows():
-        is_base = r["verdict"] == "baseline"
-        ci = "" if not np.isfinite(r["boot_ci_low"]) else f" [{_signed(r['boot_ci_low'])}, {_signed(r['boot_ci_high'])}]"
-        mean = _f(r["mean"]) + ("" if not np.isfinite(r["std"]) else f" ± {_f(r['std'])}")
-        rows.append([f"`{r['size']}`", r["family"], f"`{r['arm']}`", f"{r['n_seeds']} ({r['seeds'].replace(';', ', ')})",
-                     _sci(r["lr"]), mean, "baseline" if is_base else _signed(r["delta"]) + ci,
-                     "" if is_base else _pv(r["p_welch"]), "" if is_base else _pv(r["p_holm"]),
-                     "" if is_base else str(r["holm_family_size"]), "" if is_base else _margin_text(r["margin"]),
-                     "" if is_base else _pv(r["p_tost_holm"]),
-                     "baseline" if is_base else f"**{r['verdict']}**", _params_text(r)])
-    b.append(("table", ["size", "family", "arm", "seeds", "lr", "val bpb", "Δ vs baseline [95% bootstrap CI]",
-                        "p (Welch)", "p (Holm)", "Holm m", "margin", "p (TOST, Holm)", "verdict", "params"], rows))
-    differ = table[table["params_differ"]]
-    if len(differ):
-        b.append(("p", "Not parameter-matched: " + "; ".join(
-            f"`{r['arm']}` at `{r['size']}` ({r['params']:,.0f} vs {r['params_baseline']:,.0f})"
-            for _, r in differ.iterrows()) + ". Each size has one FLOP budget, so an arm with fewer parameters "
-            "trains on more tokens; a quality difference mixes the architecture with its size."))
-    b.append(("p", "Machine-readable: `verdicts.csv` (every number above, unrounded)."))
+    b.extend(_verdict_blocks(rep))
+    b.extend(floor_blocks(rep.floor, _floor_arms(rep), FLOOR_COMMAND))
     b.extend(_lr_blocks(p, lrs, grid))
     b.extend(_scaling_blocks(p, rep.scaling, figure))
     b.extend(_throughput_blocks(p))
     b.extend(paired_blocks(paired_res, paired_path))
-    b.append(("h2", "Provenance"))
+    b.extend(_provenance_blocks(p, rs))
+    b.append(("h2", "Regenerate"))
+    b.append(("code", " ".join(shlex.quote(a) for a in ["python", "-m", "analysis.report", rs.query,
+                                                         "--tracking-uri", display_uri(rs.tracking_uri),
+                                                         *command_args]) + " --out DIR"))
+    return b
+
+
+FLOOR_COMMAND = "python -m sweeps.floor experiment=NAME log=true tracking.uri=URI"
+
+
+def _largest_means(rep: ProtocolReport) -> pd.DataFrame:
+    t = rep.verdicts
+    return t[t["size"] == rep.protocol.sizes[-1]] if len(t) else t
+
+
+def _floor_arms(rep: ProtocolReport) -> list[tuple[str, float]]:
+    """(label, mean val bpb) of every arm at every size, for the floor table."""
+    return [(f"`{r['arm']}` at `{r['size']}`", float(r["mean"])) for _, r in rep.verdicts.iterrows()]
+
+
+def _floor_headline(rep: ProtocolReport) -> list:
+    at = _largest_means(rep)
+    if not len(at):
+        return []
+    best = at.loc[at["mean"].idxmin()]
+    return headline(rep.floor, float(best["mean"]), f"the best arm at the largest size (`{best['arm']}` at "
+                                                    f"`{best['size']}`)")
+
+
+def _commit_headline(p: ProtocolRuns) -> list:
+    """One line at the top: the one commit every result used, or a flag when they span several or ran dirty."""
+    runs = pd.concat([p.seeds, p.lr], ignore_index=True)
+    if not len(runs):
+        return []
+    commits = sorted(runs["git_commit"].fillna("(not recorded)").astype(str).unique())
+    dirty = int((runs["git_dirty"].astype(str).str.lower() == "true").sum())
+    allowed = int((runs.get("verdict.allow_dirty", pd.Series(dtype=object)).astype(str) == "true").sum())
+    if len(commits) == 1 and not dirty:
+        return [("p", f"Every result ran at one commit, `{commits[0]}`, with a clean tree.")]
+    return [("p", f"**Provenance flag**: the {len(runs)} results span {len(commits)} commit(s) and {dirty} ran "
+                  f"with uncommitted changes ({allowed} with verdict.allow_dirty=true recorded); arms compared "
+                  "here may have run different code (see [Provenance](#provenance)).")]
+
+
+def _margin_blocks(rep: ProtocolReport) -> list:
+    mg, t = rep.margin, rep.verdicts
+    if not np.isfinite(mg.value):
+        return [("p", f"Equivalence margin: {mg.source}.")]
+    text = f"Equivalence margin m = {margin_text(mg.value)} bits/byte, {mg.source}"
+    text += f"; reason: {mg.reason}." if mg.reason else "; no reason was recorded."
+    base = t[t["verdict"] == "baseline"]
+    wide = [f"`{r['size']}` ({mg.value / r['mean']:.1%} of {r['mean']:.4f})" for _, r in base.iterrows()
+            if mg.wide(float(r["mean"]))]
+    out = [("p", text)]
+    if wide:
+        out.append(("p", f"**Wide margin**: m is more than {WIDE_MARGIN:.0%} of the baseline's val bpb at "
+                         + ", ".join(wide) + ". An equivalence that only a wide margin buys is not a finding; "
+                         "the reason above is the argument for it."))
+    return out
+
+
+def _verdict_blocks(rep: ProtocolReport) -> list:
+    p, table = rep.protocol, rep.verdicts
+    b: list = [("h2", "Verdicts per size")]
+    b.append(("p", "Final val bpb (bits/byte, lower is better), mean ± std over seeds (ddof=1); Δ = arm − baseline "
+                   "at the same size with its 95% Welch confidence interval (t-based, Welch-Satterthwaite df). "
+                   "p (Welch): two-sided Welch t-test; p (Holm): Holm-adjusted within the comparison's declared "
+                   "family (the `Holm family` column, with its number of comparisons); p (TOST, Holm): two "
+                   "one-sided Welch tests against ±m, Holm-adjusted the same way. **Verdict**, exactly one of "
+                   "*better*, *worse*, *equivalent within ±m*, *inconclusive*: equivalent when p (TOST, Holm) < "
+                   "0.05; else better / worse when p (Holm) < 0.05; else inconclusive: neither a difference nor an "
+                   "equivalence was shown (a non-significant p is not evidence of no difference). lr: the arm's "
+                   "best lr (the seeds ran at it). params: whether the arm's parameter count differs from the "
+                   "baseline's."))
+    b.extend(_margin_blocks(rep))
+    fams = table.loc[table["verdict"] != "baseline"].groupby("holm_family", sort=True)["holm_family_size"].first()
+    b.append(("p", f"Holm families ({p.holm_source}; `verdict.holm` = `{p.holm}`): "
+                   + "; ".join(f"`{f}`: {n} comparison{'s' if n != 1 else ''}" for f, n in fams.items()) + "."))
+    rows = []
+    for _, r in table.iterrows():
+        is_base = r["verdict"] == "baseline"
+        ci = "" if not np.isfinite(r["ci_low"]) else f" [{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
+        mean = _f(r["mean"]) + ("" if not np.isfinite(r["std"]) else f" ± {_f(r['std'])}")
+        rows.append([f"`{r['size']}`", r["family"], f"`{r['arm']}`", f"{r['n_seeds']} ({r['seeds'].replace(';', ', ')})",
+                     sci(r["lr"]), mean, "baseline" if is_base else _signed(r["delta"]) + ci,
+                     "" if is_base else p_text(r["p_welch"]), "" if is_base else p_text(r["p_holm"]),
+                     "" if is_base else f"{r['holm_family']} ({r['holm_family_size']})",
+                     "" if is_base else p_text(r["p_tost_holm"]),
+                     "baseline" if is_base else f"**{r['verdict']}**", _params_text(r)])
+    b.append(("table", ["size", "family", "arm", "seeds", "lr", "val bpb", "Δ vs baseline [95% Welch CI]",
+                        "p (Welch)", "p (Holm)", "Holm family (m)", "p (TOST, Holm)", "verdict", "params"], rows))
+    differ = table[table["params_differ"]]
+    if len(differ):
+        b.append(("p", "Not parameter-matched: " + "; ".join(
+            f"`{r['arm']}` at `{r['size']}` ({r['params']:,.0f} vs {r['params_baseline']:,.0f})"
+            for _, r in differ.iterrows()) + ". Each size has one FLOP budget, so an arm with more FLOPs per token "
+            "trains on fewer tokens (and one with fewer, on more); a quality difference mixes the architecture "
+            "with its size."))
+    b.append(("p", "Machine-readable: `verdicts.csv` (every number above, unrounded)."))
+    return b
+
+
+def _provenance_blocks(p: ProtocolRuns, rs: RunSet) -> list:
+    b: list = [("h2", "Provenance")]
     runs = pd.concat([p.seeds, p.lr], ignore_index=True)
     if len(runs):
         commits = runs["git_commit"].fillna("(not recorded)").astype(str) + np.where(
@@ -438,14 +537,10 @@ def _blocks(rep: ProtocolReport, lrs: pd.DataFrame, grid: list, figure, paired_r
         b.append(("table", ["run", "variant", "seed", "status", "reason"],
                   [[f"`{r['run_id']}`", f"`{r['variant']}`", "" if pd.isna(r["seed"]) else str(r["seed"]),
                     r["status"], r["reason"]] for _, r in p.left_out.iterrows()]))
-    b.append(("h2", "Regenerate"))
-    b.append(("code", " ".join(shlex.quote(a) for a in ["python", "-m", "analysis.report", rs.query,
-                                                         "--tracking-uri", display_uri(rs.tracking_uri),
-                                                         *command_args]) + " --out DIR"))
     return b
 
 
-def _lr_blocks(p: Protocol, lrs: pd.DataFrame, grid: list) -> list:
+def _lr_blocks(p: ProtocolRuns, lrs: pd.DataFrame, grid: list) -> list:
     b: list = [("h2", "lr search")]
     if not len(lrs):
         b.append(("p", "No lr-stage runs."))
@@ -469,7 +564,7 @@ def _lr_blocks(p: Protocol, lrs: pd.DataFrame, grid: list) -> list:
             edges.append(f"`{r['arm']}` at `{r['size']}`")
         if np.isfinite(r["lr_stage_best"]) and np.isfinite(r["chosen_lr"]) and r["lr_stage_best"] != r["chosen_lr"]:
             note = (note + "; " if note else "") + f"the lr stage's best is {r['lr_stage_best']:g}"
-        rows.append([f"`{r['size']}`", f"`{r['arm']}`", *cells, _sci(r["chosen_lr"]), note])
+        rows.append([f"`{r['size']}`", f"`{r['arm']}`", *cells, sci(r["chosen_lr"]), note])
     b.append(("table", ["size", "arm", *[f"lr {lr:g}" for lr in grid], "chosen lr", "note"], rows))
     if edges:
         b.append(("p", f"**At an edge of the grid** ({len(edges)} of {len(lrs)}): " + ", ".join(edges) + "."))
@@ -477,7 +572,7 @@ def _lr_blocks(p: Protocol, lrs: pd.DataFrame, grid: list) -> list:
     return b
 
 
-def _scaling_blocks(p: Protocol, sc: ScalingResult, figure) -> list:
+def _scaling_blocks(p: ProtocolRuns, sc: ScalingResult, figure) -> list:
     b: list = [("h2", "Scaling with compute")]
     if len(sc.means):
         rows = []
@@ -487,7 +582,7 @@ def _scaling_blocks(p: Protocol, sc: ScalingResult, figure) -> list:
                 if len(m):
                     r = m.iloc[0]
                     loss = _f(r["loss"]) + ("" if not np.isfinite(r["loss_std"]) else f" ± {_f(r['loss_std'])}")
-                    rows.append([f"`{arm}`", f"`{size}`", str(int(r["n"])), _sci(r["compute"]), loss])
+                    rows.append([f"`{arm}`", f"`{size}`", str(int(r["n"])), sci(r["compute"]), loss])
         b.append(("p", "Mean final val loss (nats/token) of the seeds against the compute each run spent (its "
                        "`flops_seen` at the last step: flops_per_token × tokens trained on, the budget actually "
                        "spent, never more than the size's budget):"))
@@ -504,11 +599,11 @@ def _scaling_blocks(p: Protocol, sc: ScalingResult, figure) -> list:
     rows = []
     for _, r in sc.table.iterrows():
         mult = "baseline" if r["is_baseline"] else (
-            f"{_sci(r['multiplier'])} [{_sci(r['multiplier_ci_low'])}, {_sci(r['multiplier_ci_high'])}]")
+            f"{sci(r['multiplier'])} [{sci(r['multiplier_ci_low'])}, {sci(r['multiplier_ci_high'])}]")
         test = "n/a" if not np.isfinite(r["E"]) else (
             "interpolates (not tested)" if r["n_levels"] <= 3 else f"{int(r['n_levels']) - 3} level(s) to spare")
-        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), _sci(r["E"]), _sci(r["A"]),
-                     _sci(r["alpha"]), test, _sci(r["compute_top"]), _f(r["loss_top"]), mult])
+        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), sci(r["E"]), sci(r["A"]),
+                     sci(r["alpha"]), test, sci(r["compute_top"]), _f(r["loss_top"]), mult])
     b.append(("table", ["arm", "runs", "compute levels", "E", "A", "alpha", "law", "largest compute (FLOPs)",
                         "mean loss there", "compute multiplier [95% CI]"], rows))
     exact = [r.arm for r in sc.table.itertuples() if np.isfinite(r.E) and r.n_levels <= 3]
@@ -522,7 +617,7 @@ def _scaling_blocks(p: Protocol, sc: ScalingResult, figure) -> list:
     return b
 
 
-def _throughput_blocks(p: Protocol) -> list:
+def _throughput_blocks(p: ProtocolRuns) -> list:
     b: list = [("h2", "Throughput per run (not paired)")]
     s = p.seeds
     if not len(s) or not np.isfinite(s["final_tokens_per_sec"].astype(float)).any():

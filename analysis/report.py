@@ -25,7 +25,6 @@ Exit status: 0 report written; 1 report written but no run was usable (it lists 
 from __future__ import annotations
 
 import argparse
-import html
 import re
 import shlex
 import sys
@@ -36,10 +35,11 @@ import numpy as np
 import pandas as pd
 
 from analysis import context, protocol, scaling
+from analysis.document import margin_text, p_text, render_html, render_markdown, sci
 from analysis.paired import UNPAIRED, load_paired, paired_blocks
 from analysis.plots import loss_curves_figure, quality_figure, save_figure, scaling_figure, variant_styles
 from analysis.stats import COMPARE_METRICS, FRONTIERS, SUMMARY_METRICS, variant_table
-from analysis.verdict import VERDICT_METRIC, Margin, add_verdicts
+from analysis.verdict import VERDICT_METRIC, Margin, add_verdicts, resolve_margin
 from analysis.store import (AnalysisError, RunSet, default_baseline, display_uri, load_runs, metric_histories,
                             order_variants, shorten, variant_labels)
 
@@ -134,82 +134,7 @@ def _delta(row, m: str) -> tuple[str, str, str]:
     return diff, ptxt, verdict
 
 
-def _md_cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-# ---------------------------------------------------------------- document model (rendered to md and html)
-def _md_inline_to_html(text: str) -> str:
-    out = html.escape(text)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    out = re.sub(r"\[([^\]]+)\]\((#[a-z0-9-]+)\)", r'<a href="\2">\1</a>', out)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
-
-
-def render_markdown(blocks) -> str:
-    parts = []
-    for b in blocks:
-        kind = b[0]
-        if kind == "h1":
-            parts.append(f"# {b[1]}")
-        elif kind == "h2":
-            parts.append(f"## {b[1]}")
-        elif kind == "p":
-            parts.append(b[1])
-        elif kind == "ul":
-            parts.append("\n".join(f"- {item}" for item in b[1]))
-        elif kind == "code":
-            parts.append(f"```\n{b[1]}\n```")
-        elif kind == "img":
-            parts.append(f"![{b[1]}]({b[2]})")
-        elif kind == "table":
-            headers, rows = b[1], b[2]
-            lines = ["| " + " | ".join(_md_cell(h) for h in headers) + " |",
-                     "|" + "|".join("---" for _ in headers) + "|"]
-            lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
-            parts.append("\n".join(lines))
-    return "\n\n".join(parts) + "\n"
-
-
-CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:.9em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left}
-th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}code,pre{background:#f6f6f6}pre{padding:.6em}"""
-
-
-def render_html(blocks, title: str) -> str:
-    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-             f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style>", "</head>", "<body>"]
-    for b in blocks:
-        kind = b[0]
-        if kind in ("h1", "h2"):
-            anchor = re.sub(r"[^a-z0-9]+", "-", b[1].lower()).strip("-")
-            parts.append(f'<{kind} id="{anchor}">{_md_inline_to_html(b[1])}</{kind}>')
-        elif kind == "p":
-            parts.append(f"<p>{_md_inline_to_html(b[1])}</p>")
-        elif kind == "ul":
-            parts.append("<ul>" + "".join(f"<li>{_md_inline_to_html(i)}</li>" for i in b[1]) + "</ul>")
-        elif kind == "code":
-            parts.append(f"<pre><code>{html.escape(b[1])}</code></pre>")
-        elif kind == "img":
-            parts.append(f'<p><img src="{html.escape(b[2])}" alt="{html.escape(b[1])}"></p>')
-        elif kind == "table":
-            head = "".join(f"<th>{_md_inline_to_html(str(h))}</th>" for h in b[1])
-            body = "".join("<tr>" + "".join(f"<td>{_md_inline_to_html(str(c))}</td>" for c in r) + "</tr>"
-                           for r in b[2])
-            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-    parts += ["</body>", "</html>"]
-    return "\n".join(parts) + "\n"
-
-
 # ---------------------------------------------------------------- tables
-def _p(p: float) -> str:
-    return "n/a" if not np.isfinite(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")
-
-
-def _margin_text(m: float) -> str:
-    return f"±{m:.3g}" if np.isfinite(m) else "none"
-
-
 def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     headers = ["variant", "seeds"] + [label for _, label in SUMMARY_METRICS] + [
         "Δ val bpb vs baseline [95% CI]", "p (Welch)", "p (Holm)", "margin", "p (TOST, Holm)", "verdict"]
@@ -220,8 +145,8 @@ def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         if r["is_baseline"]:
             tail = [diff, "", "", "", "", "baseline"]
         else:
-            tail = [diff, p_welch, _p(r[f"p_holm_{VERDICT_METRIC}"]), _margin_text(r["margin"]),
-                    _p(r[f"p_tost_holm_{VERDICT_METRIC}"]), f"**{r['verdict']}**"]
+            tail = [diff, p_welch, p_text(r[f"p_holm_{VERDICT_METRIC}"]), margin_text(r["margin"]),
+                    p_text(r[f"p_tost_holm_{VERDICT_METRIC}"]), f"**{r['verdict']}**"]
         rows.append([f"`{r.get('label', r['variant'])}`", seeds] + [_mean_std(r, m) for m, _ in SUMMARY_METRICS]
                     + tail)
     return headers, rows
@@ -230,7 +155,7 @@ def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 def verdict_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Per non-baseline variant: every number behind its verdict (val bpb)."""
     m = VERDICT_METRIC
-    headers = ["variant", "Δ val bpb", "95% Welch CI", "95% bootstrap CI", "p (Welch)", "p (Holm)",
+    headers = ["variant", "Δ val bpb", "95% Welch CI", "p (Welch)", "p (Holm)",
                "90% CI (TOST)", "p (TOST)", "p (TOST, Holm)", "verdict", "params vs baseline"]
     rows = []
     base = table[table["is_baseline"]]
@@ -243,10 +168,9 @@ def verdict_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             return "n/a" if not np.isfinite(lo) else f"[{_signed(lo, 'loss')}, {_signed(hi, 'loss')}]"
 
         rows.append([f"`{r.get('label', r['variant'])}`", _signed(r[f"delta_{m}"], "loss"),
-                     ci(r[f"delta_{m}_ci_low"], r[f"delta_{m}_ci_high"]),
-                     ci(r[f"boot_ci_low_{m}"], r[f"boot_ci_high_{m}"]), _p(r[f"p_{m}"]), _p(r[f"p_holm_{m}"]),
-                     ci(r[f"tost_ci_low_{m}"], r[f"tost_ci_high_{m}"]), _p(r[f"p_tost_{m}"]),
-                     _p(r[f"p_tost_holm_{m}"]), r["verdict"], _params_vs(r["params_mean"], base_params)])
+                     ci(r[f"delta_{m}_ci_low"], r[f"delta_{m}_ci_high"]), p_text(r[f"p_{m}"]), p_text(r[f"p_holm_{m}"]),
+                     ci(r[f"tost_ci_low_{m}"], r[f"tost_ci_high_{m}"]), p_text(r[f"p_tost_{m}"]),
+                     p_text(r[f"p_tost_holm_{m}"]), r["verdict"], _params_vs(r["params_mean"], base_params)])
     return headers, rows
 
 
@@ -341,9 +265,10 @@ def prepare(query: str, tracking_uri: str | None = None, baseline: str | None = 
     if len(table):
         table.insert(1, "label", table["variant"].map(labels))
     try:
-        table, margin_used = add_verdicts(table, included, baseline, margin)
+        margin_used = resolve_margin(margin, included.get("verdict.margin", ()), included.get("verdict.margin_reason", ()))
     except ValueError as exc:
         raise AnalysisError(str(exc)) from None
+    table = add_verdicts(table, included, baseline, margin_used)
     included.insert(included.columns.get_loc("variant") + 1, "label", included["variant"].map(labels))
     hist = metric_histories(included["run_id"], tracking_uri=runset.tracking_uri) if len(included) else \
         pd.DataFrame(columns=["run_id", "key", "step", "value", "timestamp"])
@@ -513,9 +438,9 @@ def _blocks(report: Report, figures: dict, filter_string: str) -> list:
         h, r = verdict_rows(table)
         if r:
             b.append(("h2", "Verdicts"))
-            b.append(("p", "What each verdict rests on (val bpb, variant minus baseline). The bootstrap CI resamples "
-                           "seeds (percentile method, 10,000 resamples, seeded); with few seeds it is too narrow, "
-                           "so verdicts never use it."))
+            b.append(("p", "What each verdict rests on (val bpb, variant minus baseline): the 95% Welch CI "
+                           "(t-based, Welch-Satterthwaite df), the Welch and TOST p-values, Holm-adjusted across "
+                           "every non-baseline variant (one family)."))
             b.append(("table", h, r))
         b.append(("p", "Machine-readable: `summary.csv` (per variant), `runs.csv` (per run), `left_out.csv`."))
         b.append(("h2", "Quality against KV-cache size"))
@@ -561,7 +486,7 @@ def _blocks(report: Report, figures: dict, filter_string: str) -> list:
 def _verdict_intro(report: Report) -> list:
     m = report.margin
     return [("p", f"**Verdict** (val bpb, lower is better), exactly one of *better*, *worse*, *equivalent within "
-                  f"±m*, *inconclusive*. Equivalence margin m = {_margin_text(m.value)} bits/byte ({m.source}). "
+                  f"±m*, *inconclusive*. Equivalence margin m = {margin_text(m.value)} bits/byte ({m.source}). "
                   "Rule: *equivalent within ±m* when the TOST p-value (two one-sided Welch tests against ±m), "
                   "Holm-adjusted across the variants, is < 0.05 (the 90% CI of the difference lies inside ±m); else "
                   "*better* / *worse* when the Welch p-value, Holm-adjusted across the variants, is < 0.05; else "
@@ -609,12 +534,6 @@ def scaling_analysis(data: Prepared) -> Scaling:
     return Scaling(True, summary, points.reset_index(drop=True), fits, table, arms)
 
 
-def _sci(v: float) -> str:
-    if not np.isfinite(v):
-        return "∞" if v == np.inf else "n/a"
-    return f"{v:.3g}"
-
-
 def _scaling_blocks(report: Report, figures: dict) -> list:
     sc = report.scaling
     b: list = [("h2", "Scaling with compute")]
@@ -631,9 +550,9 @@ def _scaling_blocks(report: Report, figures: dict) -> list:
     rows = []
     for _, r in sc.table.iterrows():
         mult = "baseline" if r["is_baseline"] else (
-            f"{_sci(r['multiplier'])} [{_sci(r['multiplier_ci_low'])}, {_sci(r['multiplier_ci_high'])}]")
-        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), _sci(r["E"]), _sci(r["A"]),
-                     _sci(r["alpha"]), _sci(r["compute_top"]), _fmt(r["loss_top"], "loss"), mult])
+            f"{sci(r['multiplier'])} [{sci(r['multiplier_ci_low'])}, {sci(r['multiplier_ci_high'])}]")
+        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), sci(r["E"]), sci(r["A"]),
+                     sci(r["alpha"]), sci(r["compute_top"]), _fmt(r["loss_top"], "loss"), mult])
     b.append(("table", ["arm", "runs", "compute values", "E", "A", "alpha", "largest compute (FLOPs)",
                         "mean loss there", "compute multiplier [95% CI]"], rows))
     b.append(("p", "Machine-readable: `scaling.csv`."))
@@ -676,7 +595,7 @@ def main(argv=None) -> int:
     print(f"report for {rs.description}: {len(rs.included)} runs of {len(report.table)} variants, "
           f"{n_left} left out -> {Path(out) / 'index.md'}")
     if report.baseline:
-        print(f"verdicts on {VERDICT_METRIC}: equivalence margin {_margin_text(report.margin.value)} bits/byte "
+        print(f"verdicts on {VERDICT_METRIC}: equivalence margin {margin_text(report.margin.value)} bits/byte "
               f"({report.margin.source})")
     if report.scaling is not None:
         print(f"scaling: {report.scaling.summary}")

@@ -57,6 +57,7 @@ RUN_TAGS = (
     "mfu_peak_source",
     "failure_reason",
     "pruned",
+    "wall_sec",
 )
 # Tags of the verdict protocol (python -m sweeps.verdict; analysis/protocol.py reads them): which protocol, arm,
 # family, baseline arm, model size and stage (`lr`: the lr grid at one seed; `seeds`: the seeds at the best lr) a
@@ -70,11 +71,17 @@ VERDICT_TAGS = (
     "verdict.stage",
     "verdict.budget_flops",
     "verdict.lr",
+    "verdict.margin",
+    "verdict.margin_reason",
+    "verdict.holm",
+    "verdict.primary",
+    "verdict.allow_dirty",
 )
 # Counters logged every step whose latest value (the last step's) is what a run spent: compute and tokens.
 LAST_STEP_METRICS = ("flops_seen", "tokens_seen", "budget_flops")
-# Params read into the run frame (as floats): the learning rate the run trained at.
-RUN_PARAMS = ("optim.lr",)
+# Params read into the run frame (as floats): the learning rate the run trained at; the block size and val windows
+# (which val targets val/bpb averages: the n-gram floor must match them).
+RUN_PARAMS = ("optim.lr", "model.block_size", "data.val_windows")
 CHOICE_PREFIX = "choice."
 # Choices of the GPT-2 baseline (the harness defaults); used only to pick a default baseline variant.
 BASELINE_CHOICES = {"position": "learned", "norm": "layernorm", "mlp": "gelu", "attention": "mha"}

@@ -14,7 +14,7 @@ run is not one of the seeds the verdict is computed from.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -24,13 +24,17 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from modules.errors import AblationsError
-from sweeps.study import CONF_DIR, Sweep, SweepError, _parse_overrides, _short, compose_run, tracking_uri
+from ablations.errors import one_line as _short
+from sweeps.study import CONF_DIR, Sweep, SweepError, compose_run, parse_overrides as _parse_overrides, tracking_uri
 
 USAGE = """usage: python -m sweeps.verdict [verdict=<name>] [experiment=<name>] [verdict.KEY=VALUE ...] [overrides]
 
   verdict=NAME              conf/verdict/NAME.yaml (default: default; arms from the experiment's sweeper params)
   experiment=NAME           the experiment every run uses (or verdict.experiment in the verdict file)
-  verdict.seeds=N           seeds per arm and size (verdict.seeds_largest=N at the largest size)
+  verdict.seeds=N|plan      seeds per arm and size (verdict.seeds_largest=N at the largest size); plan: from
+                            python -m sweeps.plan (the pilot in verdict.plan)
+  verdict.margin=M          the smallest effect of interest in bpb, fixed before any run (with verdict.margin_reason)
+  verdict.allow_dirty=true  start or continue from uncommitted changes or across commits (recorded on every run)
   verdict.storage=URL       Optuna storage of the lr stages (sqlite:///optuna.db | postgresql://...)
   verdict.lr.grid=[...]     the learning rates each arm tries (one seed each)
   any other override        applied to every run (e.g. threads=1 tracking.uri=sqlite:///study.db)
@@ -41,6 +45,7 @@ examples:
   python -m analysis.report second-study        # the verdicts, scaling fits and compute multipliers"""
 
 STAGES = ("lr", "seeds")
+HOLM_SCOPES = ("study", "size", "arm-family")  # one Holm family: every primary comparison / per size / per family+size
 
 
 class VerdictError(SweepError):
@@ -62,7 +67,7 @@ class Size:
 
 
 @dataclass
-class Protocol:
+class ProtocolSpec:
     name: str
     experiment: str | None
     baseline: str
@@ -74,6 +79,14 @@ class Protocol:
     lr_seed: int
     storage: str
     overrides: list[str]      # the verdict file's, then the user's training overrides
+    margin: float = float("nan")  # the smallest effect of interest (bpb), fixed before any run
+    margin_reason: str = ""
+    holm: str = "study"       # the Holm family (HOLM_SCOPES)
+    primary_arms: tuple[str, ...] = ()   # () = every non-baseline arm
+    primary_sizes: tuple[str, ...] = ()  # () = every size
+    allow_dirty: bool = False
+    plan: dict = field(default_factory=dict)  # the seed planner's pilot and targets (verdict.plan)
+    seeds_by_size: dict = field(default_factory=dict)  # seeds: plan -> {size: seeds} from sweeps.plan
 
     def run_overrides(self, arm: Arm, size: Size) -> list[str]:
         """The training overrides of every run of (arm, size); the user's come last and win."""
@@ -84,12 +97,19 @@ class Protocol:
     def seed_list(self, size_index: int) -> list[int]:
         """Seeds of the seeds stage: 0, 1, 2, ... skipping the lr stage's seed."""
         n = self.seeds_largest if size_index == len(self.sizes) - 1 else self.seeds
+        n = self.seeds_by_size.get(self.sizes[size_index].name, n)
         return [s for s in range(n + 1) if s != self.lr_seed][:n]
 
     def tags(self, arm: Arm, size: Size, stage: str) -> dict[str, str]:
         return {"verdict.protocol": self.name, "verdict.arm": arm.name, "verdict.family": arm.family,
                 "verdict.baseline": self.baseline, "verdict.size": size.name, "verdict.stage": stage,
-                "verdict.budget_flops": f"{size.budget_flops:g}"}
+                "verdict.budget_flops": f"{size.budget_flops:g}", "verdict.margin": f"{self.margin:g}",
+                "verdict.margin_reason": self.margin_reason[:5000], "verdict.holm": self.holm,
+                "verdict.primary": self.primary_text(), "verdict.allow_dirty": str(self.allow_dirty).lower()}
+
+    def primary_text(self) -> str:
+        """The primary comparisons as a tag: `arms=a,b;sizes=m` (`*`: every non-baseline arm / every size)."""
+        return f"arms={','.join(self.primary_arms) or '*'};sizes={','.join(self.primary_sizes) or '*'}"
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -158,7 +178,7 @@ def _sizes(v: Mapping) -> list[Size]:
     return sizes
 
 
-def load_protocol(argv: list[str], conf_dir: Path = CONF_DIR) -> Protocol:
+def load_protocol(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
     from hydra import compose, initialize_config_dir
 
     verdict_ov, run_ov = _split(argv)
@@ -183,12 +203,52 @@ def load_protocol(argv: list[str], conf_dir: Path = CONF_DIR) -> Protocol:
     if not isinstance(grid, list) or not grid or not all(isinstance(x, (int, float)) and x > 0 for x in grid):
         raise VerdictError(f"invalid verdict.lr.grid={grid!r}: expected a list of learning rates > 0")
     name = v.get("name") or OmegaConf.select(probe, "tracking.experiment") or experiment
-    return Protocol(
-        name=str(name), experiment=experiment, baseline=str(baseline), arms=arms, sizes=_sizes(v),
-        seeds=_need(v, "seeds", int, "an integer >= 1"), seeds_largest=_need(v, "seeds_largest", int, "an integer >= 1"),
+    sizes = _sizes(v)
+    planned = v.get("seeds") == "plan"
+    p = ProtocolSpec(
+        name=str(name), experiment=experiment, baseline=str(baseline), arms=arms, sizes=sizes,
+        seeds=1 if planned else _need(v, "seeds", int, "an integer >= 1 or plan"),
+        seeds_largest=1 if planned else _need(v, "seeds_largest", int, "an integer >= 1"),
         lr_grid=[float(x) for x in grid], lr_seed=int(v.get("lr", {}).get("seed", 0)),
         storage=_need(v, "storage", str, "an Optuna storage URL"),
-        overrides=[*(str(o) for o in v.get("overrides") or []), *run_ov])
+        overrides=[*(str(o) for o in v.get("overrides") or []), *run_ov], **_statistics(v, arms, sizes))
+    if planned:
+        from sweeps.plan import plan_seeds
+
+        p.seeds_by_size = plan_seeds(p)
+    return p
+
+
+def _statistics(v: Mapping, arms: list[Arm], sizes: list[Size]) -> dict:
+    """The verdicts' settings fixed before any run: margin (and why), the Holm family, the primary comparisons."""
+    margin = v.get("margin")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
+        raise VerdictError(f"invalid verdict.margin={margin!r}: state the smallest effect of interest in bpb before "
+                           "any run, e.g. verdict.margin=0.02 verdict.margin_reason='...'")
+    reason = v.get("margin_reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise VerdictError(f"invalid verdict.margin_reason={reason!r}: say why {margin:g} bpb is the smallest "
+                           "effect of interest (printed in the report)")
+    holm = v.get("holm", "study")
+    if holm not in HOLM_SCOPES:
+        raise VerdictError(f"invalid verdict.holm={holm!r}: choose one of {', '.join(HOLM_SCOPES)}")
+    primary = v.get("primary") or {}
+    if not isinstance(primary, Mapping):
+        raise VerdictError(f"invalid verdict.primary={primary!r}: expected {{arms: [...], sizes: [...]}} or null")
+    known = {"arms": [a.name for a in arms], "sizes": [s.name for s in sizes]}
+    chosen = {}
+    for key, names in known.items():
+        got = primary.get(key) or []
+        bad = [x for x in got if x not in names]
+        if not isinstance(got, list) or bad:
+            raise VerdictError(f"invalid verdict.primary.{key}={got!r}: expected a list of {', '.join(names)}")
+        chosen[key] = tuple(str(x) for x in got)
+    allow = v.get("allow_dirty", False)
+    if not isinstance(allow, bool):
+        raise VerdictError(f"invalid verdict.allow_dirty={allow!r}: expected true or false")
+    return {"margin": float(margin), "margin_reason": reason.strip(), "holm": holm,
+            "primary_arms": chosen["arms"], "primary_sizes": chosen["sizes"], "allow_dirty": allow,
+            "plan": dict(v.get("plan") or {})}
 
 
 # ------------------------------------------------------------------------------------------------ stages
@@ -203,9 +263,55 @@ def _with_tags(train_fn: Callable | None, extra: Mapping[str, str]) -> Callable:
     return run
 
 
+# ------------------------------------------------------------------------------------------------ one commit
+REPO = Path(__file__).resolve().parents[1]
+# What the runs execute: a change (or an untracked file) here makes the tree dirty; reports/, docs/ do not.
+CODE_PATHS = ("ablations", "modules", "sweeps", "analysis", "conf", "scripts", "pyproject.toml")
+
+
+def git_tree(root: Path) -> tuple[str | None, list[str]]:
+    """(HEAD commit, what makes the tree dirty: changed or untracked files under CODE_PATHS) of the git checkout at
+    `root`; (None, []) when it is not one."""
+    import subprocess
+
+    def git(*args):
+        r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        return r.stdout if r.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if head is None:
+        return None, []
+    changed = git("status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS) or ""
+    return head.strip(), sorted({ln[3:] for ln in changed.splitlines()})
+
+
+def check_commit(root: Path, allow_dirty: bool, earlier: Mapping[str, int]) -> str | None:
+    """The commit every run of the protocol uses. Refuses (VerdictError) a dirty tree, and runs already made at
+    another commit (`earlier`: commit -> runs), unless allow_dirty (then every run carries verdict.allow_dirty)."""
+    head, dirty = git_tree(root)
+    if allow_dirty:
+        return head
+    if head is None:
+        raise VerdictError(f"{root} is not a git checkout: the report could not name the commit the runs used; "
+                           "run from a clone, or pass verdict.allow_dirty=true (recorded on every run)")
+    if dirty:
+        shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+        raise VerdictError(f"the tree has uncommitted changes ({shown}): commit them so every run uses one commit, "
+                           "or pass verdict.allow_dirty=true (recorded on every run)")
+    other = {c: n for c, n in earlier.items() if c != head}
+    if other:
+        c, n = max(other.items(), key=lambda kv: kv[1])
+        raise VerdictError(f"{sum(other.values())} run(s) of this protocol were made at another commit ({c[:12]}: "
+                           f"{n} runs); HEAD is {head[:12]}: check out {c[:12]} to continue, choose a new verdict.name, "
+                           "or pass verdict.allow_dirty=true (recorded on every run)")
+    return head
+
+
 class Verdict:
-    def __init__(self, protocol: Protocol, train_fn: Callable | None = None, out=None, conf_dir: Path = CONF_DIR):
+    def __init__(self, protocol: ProtocolSpec, train_fn: Callable | None = None, out=None, conf_dir: Path = CONF_DIR,
+                 repo: Path = REPO):
         self.p, self.train_fn, self.out, self.conf_dir = protocol, train_fn, out or sys.stdout, Path(conf_dir)
+        self.repo = Path(repo)
         self.summary: list[tuple[str, str, float | None, int]] = []  # (size, arm, best lr, finished seeds)
 
     def say(self, msg: str) -> None:
@@ -213,6 +319,10 @@ class Verdict:
 
     def run(self) -> int:
         p = self.p
+        commit = check_commit(self.repo, p.allow_dirty, self._earlier_commits())
+        self.say(f"commit {commit or 'unknown'}" + (" (verdict.allow_dirty=true: recorded on every run)"
+                                                    if p.allow_dirty else " (clean tree)"))
+        self.say(f"margin ±{p.margin:g} bpb ({p.margin_reason}); Holm family: {p.holm}; primary: {p.primary_text()}")
         self.say(f"{len(p.arms)} arms ({', '.join(a.name for a in p.arms)}; baseline {p.baseline}) x "
                  f"{len(p.sizes)} sizes ({', '.join(s.name for s in p.sizes)}); lr grid {p.lr_grid}; "
                  f"seeds {p.seeds} ({p.seeds_largest} at {p.sizes[-1].name})")
@@ -264,6 +374,30 @@ class Verdict:
                 except AblationsError as e:  # diverged / bad data: the run is FAILED in MLflow; the report lists it
                     self.say(f"size {size.name} arm {arm.name}: seed {seed} failed: {_short(e)}")
         return finished
+
+    def _uri(self) -> str:
+        from hydra import initialize_config_dir
+
+        with initialize_config_dir(config_dir=str(self.conf_dir), version_base="1.3", job_name="verdict"):
+            try:
+                return tracking_uri(compose_run(self.p.run_overrides(self.p.arms[0], self.p.sizes[0])))
+            except (HydraException, OmegaConfBaseException) as e:
+                raise VerdictError(f"config error: {_short(e)}") from None
+
+    def _earlier_commits(self) -> dict[str, int]:
+        """commit -> number of runs of this protocol already in MLflow (any stage, any status)."""
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=self._uri())
+        exp = client.get_experiment_by_name(self.p.name)
+        if exp is None:
+            return {}
+        runs = client.search_runs([exp.experiment_id], f"tags.`verdict.protocol` = '{self.p.name}'", max_results=50000)
+        out: dict[str, int] = {}
+        for r in runs:
+            c = r.data.tags.get("git_commit", "unknown")
+            out[c] = out.get(c, 0) + 1
+        return out
 
     def _finished(self, cfg, tags: Mapping[str, str], seed: int) -> bool:
         """Whether this (protocol, arm, size, seeds stage, seed) already has a FINISHED run in MLflow."""

@@ -8,7 +8,8 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from analysis.ngram import KneserNey, floor_bpb, full_targets, main, modified_kn_discounts, window_targets
+from analysis.ngram import KneserNey, floor_bpb, full_targets, modified_kn_discounts, window_targets
+from sweeps.floor import main
 
 # a b a c a b b a c a  (a=0, b=1, c=2): bigrams ab ba ac ca ab bb ba ac ca
 CORPUS = np.array([0, 1, 0, 2, 0, 1, 1, 0, 2, 0])
@@ -127,9 +128,13 @@ def test_cli_logs_a_floor_that_reports_find(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "order 3:" in out and "logged: run" in out
-    import json
-    meta = json.loads(next((tmp_path / "cache" / "tokens").glob("*.json")).read_text())
-    floor = find_floor(uri, meta["fingerprint"], "char", 16, 4)
+    from mlflow import MlflowClient
+
+    cl = MlflowClient(tracking_uri=uri)
+    (run,) = cl.search_runs([cl.get_experiment_by_name("ngram-floor").experiment_id])
+    fp = run.data.tags["floor.data_fingerprint"]
+    assert fp == run.data.tags["data_fingerprint"] and len(fp) >= 16
+    floor = find_floor(uri, fp, "char", 16, 4)
     assert floor is not None and sorted(floor.bpb) == [1, 2, 3] and floor.scope == "windows"
     assert floor.n_targets == str(4 * 16)
     assert find_floor(uri, "another-fingerprint", "char", 16, 4) is None

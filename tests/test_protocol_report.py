@@ -4,7 +4,9 @@ written here with the protocol's tags and known values: the tables are checked a
 
 Store: protocol `synth-proto`, baseline arm `baseline` (family baseline), `rope` (positions), `rmsnorm` (norms),
 `swiglu` and `geglu` (mlps); sizes named so that their alphabetical order (m, s, xs) is not their budget order
-(xs < s < m). Seeds stage: seeds 1-3 at each arm's chosen lr. lr stage: seed 0 at lrs 0.003/0.006/0.012, with
+(xs < s < m). The runs record the statistics fixed before them: margin 0.01 bpb (with its reason) and the Holm family
+`arm-family` (the arms of one family at one size). An n-gram floor run for the same data (trigram 1.60 bpb: above
+every arm's mean at m but rope's). Seeds stage: seeds 1-3 at each arm's chosen lr. lr stage: seed 0 at lrs 0.003/0.006/0.012, with
 values far above the seeds' (a leak into the statistics moves every mean and seed count). One lr-stage run FAILED;
 one finished run without protocol tags.
 """
@@ -35,6 +37,8 @@ GRID = (0.003, 0.006, 0.012)
 LR_OFFSET = {"default": (0.30, 0.20, 0.25), ("xs", "rope"): (0.10, 0.20, 0.30)}  # lr stage: seeds mean + offset
 FAILED_LR = ("m", "geglu", 0.012)
 T0 = 1_700_000_000_000
+MARGIN, REASON = 0.01, "a tenth of a percent of nothing: a test"
+FLOOR = {1: 4.5, 2: 3.3, 3: 1.60}
 
 
 def chosen_lr(size, arm):
@@ -55,14 +59,17 @@ def make_store(uri: str) -> None:
         r = client.create_run(exp, start_time=clock[0], tags=tags, run_name=tags.get("variant", "run"))
         ms = [Metric(k, float(v), clock[0] + 1000, step) for k, v, step in metrics]
         client.log_batch(r.info.run_id, metrics=ms, params=[Param(k, str(v)) for k, v in params.items()],
-                         tags=[RunTag("git_commit", "c0ffee"), RunTag("data_fingerprint", "fp")])
+                         tags=[RunTag("git_commit", "c0ffee"), RunTag("data_fingerprint", "fp"),
+                               RunTag("tokenizer", "char"), RunTag("git_dirty", "false")])
         client.set_terminated(r.info.run_id, status=status, end_time=clock[0] + 2000)
 
     for size in ("m", "xs", "s"):  # not the budget order: the report must sort by budget
         budget = SIZES[size]
         for arm in FAMILY:
             base = {"verdict.protocol": EXPERIMENT, "verdict.arm": arm, "verdict.family": FAMILY[arm],
-                    "verdict.baseline": "baseline", "verdict.size": size, "verdict.budget_flops": f"{budget:g}"}
+                    "verdict.baseline": "baseline", "verdict.size": size, "verdict.budget_flops": f"{budget:g}",
+                    "verdict.margin": f"{MARGIN:g}", "verdict.margin_reason": REASON, "verdict.holm": "arm-family",
+                    "verdict.primary": "arms=*;sizes=*", "verdict.allow_dirty": "false"}
             fpt = 6 * PARAMS[arm]
             steps = int(budget // (fpt * 2048))
             spent = steps * 2048 * fpt
@@ -87,6 +94,11 @@ def make_store(uri: str) -> None:
                 run(tags, {"optim.lr": lr, "seed": seed}, metrics(bpb, 9000.0 + seed))
     run({"variant": "stray", "seed": "0"}, {"optim.lr": 0.006}, [("final_val_bpb", 0.001, 0),
                                                                    ("final_val_loss", 0.001, 0)])
+    from sweeps.floor import log_floor
+
+    log_floor(uri, FLOOR, {"kind": "ngram", "smoothing": "modified-kn", "scope": "full", "data": "synthetic",
+                           "data_fingerprint": "fp", "tokenizer": "char", "block_size": 64, "val_windows": 8,
+                           "n_train": 1000, "n_targets": 99})
 
 
 def welch_p(a, b):
@@ -130,14 +142,42 @@ def test_sizes_in_budget_order_and_only_seeds_stage_counted(built):
             assert r["lr"] == chosen_lr(size, arm)
 
 
-def test_margin_is_the_baseline_seed_std_per_size_and_printed(built):
+def test_margin_is_the_recorded_one_never_the_data(built):
     _, _, out, r, table = built
-    by_hand = {"xs": 0.02, "s": 0.01, "m": 0.03}  # sample std of 3 evenly spaced values = the spacing
     md = (out / "index.md").read_text()
-    for size, m in by_hand.items():
-        assert set(table.loc[table["size"] == size, "margin"].round(12)) == {m}
-        assert f"size `{size}`: m = ±{m:g} bits/byte" in md
-        assert f"verdicts at size {size} on final_val_bpb: equivalence margin ±{m:g} bits/byte" in r.stdout
+    assert set(table.loc[table["verdict"] != "baseline", "margin"]) == {MARGIN}  # not a seed std (0.02/0.01/0.03)
+    assert f"m = ±{MARGIN:g} bits/byte, fixed before the runs" in md and f"reason: {REASON}" in md
+    assert "**Wide margin**" not in md  # 0.01 < 1% of 1.8
+    assert f"equivalence margin ±{MARGIN:g} bits/byte (fixed before the runs" in r.stdout
+
+
+def test_welch_interval_is_t_based(built):
+    _, _, out, _, table = built
+    a, b = np.array(BPB["m"]["swiglu"]), np.array(BPB["m"]["baseline"])
+    va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 3
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)
+    half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+    r = row(table, "m", "swiglu")
+    assert r["ci_low"] == pytest.approx(a.mean() - b.mean() - half, abs=1e-12)
+    assert r["ci_high"] == pytest.approx(a.mean() - b.mean() + half, abs=1e-12)
+    sec = (out / "index.md").read_text().split("## Verdicts per size")[1].split("## ")[0]
+    assert "95% Welch CI" in sec and "bootstrap" not in sec
+
+
+def test_floor_beside_the_arms_and_at_the_top(built):
+    _, _, out, r, _ = built
+    md = (out / "index.md").read_text()
+    top = md.split("## ")[0]
+    # best arm at the largest size: rope at m, 1.65 > trigram 1.60
+    assert "**The best model does not beat the trigram floor**" in top and "(+0.0500)" in top
+    sec = md.split("## n-gram floor")[1].split("## ")[0]
+    assert "| 3 | 1.6000 |" in sec and "| `rope` at `m` | 1.6500 | +0.0500 | 1, 2 |" in sec
+    assert "n-gram floor (bpb by order): 1: 4.5000, 2: 3.3000, 3: 1.6000" in r.stdout
+
+
+def test_one_commit_named_at_the_top(built):
+    _, _, out, _, _ = built
+    assert "Every result ran at one commit, `c0ffee`, with a clean tree." in (out / "index.md").read_text()
 
 
 def test_holm_within_a_family_at_one_size(built):
@@ -166,17 +206,42 @@ def test_verdict_labels(built):
     assert row(table, "s", "rmsnorm")["verdict"] == "inconclusive"
 
 
-def test_margin_option_overrides_every_size(built):
+def test_margin_option_is_flagged_and_wide_margins_need_an_argument(built):
     from analysis import protocol
     from analysis.store import load_runs
+    from analysis.verdict import resolve_margin
 
     _, uri, _, _, _ = built
     p = protocol.select(load_runs(EXPERIMENT, uri))
-    table, margins = protocol.verdicts(p, margin=0.05)
-    assert {m.value for m in margins.values()} == {0.05}
-    assert all(m.source == "given (--margin 0.05)" for m in margins.values())
+    mg = resolve_margin(0.05)
+    assert "not recorded before the runs" in mg.source and not mg.preset
+    table = protocol.verdicts(p, mg)
     # rmsnorm at s: Δ = 0, se = sqrt((1e-4 + 2.5e-5) / 3): the 90% CI lies well inside ±0.05 -> equivalent
     assert row(table, "s", "rmsnorm")["verdict"] == "equivalent within ±0.05"
+    rep = protocol.ProtocolReport(Path("."), p.runset, p, table, mg, None)
+    text = " ".join(b[1] for b in protocol._margin_blocks(rep))
+    assert "**Wide margin**" in text and "`m` (2.7% of 1.8300)" in text  # 0.05 > 1% of every baseline mean
+
+
+def test_undeclared_runs_get_one_study_family(built):
+    from dataclasses import replace
+
+    from analysis import protocol
+    from analysis.stats import holm
+    from analysis.store import load_runs
+    from analysis.verdict import resolve_margin
+
+    _, uri, _, _, _ = built
+    p = replace(protocol.select(load_runs(EXPERIMENT, uri)), holm="study")
+    table = protocol.verdicts(p, resolve_margin(None))
+    arms = table[table["verdict"] != "baseline"]
+    assert set(arms["holm_family"]) == {"study"} and set(arms["holm_family_size"]) == {12}
+    np.testing.assert_allclose(arms["p_holm"], holm(arms["p_welch"]))
+    assert arms["p_tost"].isna().all() and not arms["verdict"].str.startswith("equivalent").any()  # no margin
+    prim = replace(p, primary_sizes=("m",))
+    t2 = protocol.verdicts(prim, resolve_margin(None))
+    assert set(t2.loc[(t2["size"] == "m") & (t2["verdict"] != "baseline"), "holm_family_size"]) == {4}
+    assert set(t2.loc[(t2["size"] == "xs") & (t2["verdict"] != "baseline"), "holm_family"]) == {"secondary"}
 
 
 def test_parameter_mismatch_flagged_with_both_counts(built):

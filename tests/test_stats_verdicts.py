@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from analysis.stats import bootstrap_ci, holm, tost, tost_from_stats, welch
-from analysis.verdict import (BETTER, INCONCLUSIVE, WORSE, add_verdicts, choose_margin, compare_family,
-                              default_margin, equivalent_label, verdict)
+from analysis.verdict import (BETTER, INCONCLUSIVE, WORSE, Margin, add_verdicts, compare_family, compare_pairs,
+                              equivalent_label, resolve_margin, verdict)
 
 
 # ------------------------------------------------------------------ Holm
@@ -155,26 +155,41 @@ def test_compare_family_each_verdict_and_holm_across_arms():
     assert crowd.loc["a", "p_holm"] > 0.05 and crowd.loc["a", "verdict"] == INCONCLUSIVE
 
 
-def test_margin_default_is_one_baseline_seed_std_and_given_margin_is_checked():
-    m = default_margin([2.0, 2.1, 2.2])
-    assert m.value == pytest.approx(0.1) and "seed std" in m.source
-    assert math.isnan(default_margin([2.0]).value) and "needs >= 2" in default_margin([2.0]).source
-    assert math.isnan(default_margin([2.0, 2.0]).value)
-    assert choose_margin([2.0, 2.1], 0.05).value == 0.05
+def test_margin_is_never_derived_from_the_data():
+    m = resolve_margin(None, ["0.02", "0.02"], ["why", "why"])
+    assert (m.value, m.reason, m.preset) == (0.02, "why", True) and "fixed before the runs" in m.source
+    none = resolve_margin(None, [None, None])
+    assert math.isnan(none.value) and "no equivalence is tested" in none.source
+    given = resolve_margin(0.05, ["0.02"])
+    assert given.value == 0.05 and not given.preset and "not recorded before the runs" in given.source
     with pytest.raises(ValueError, match="--margin"):
-        choose_margin([2.0, 2.1], -1.0)
+        resolve_margin(-1.0)
+    with pytest.raises(ValueError, match="2 different margins"):
+        resolve_margin(None, ["0.02", "0.03"])
+    assert Margin(0.05, "x").wide(3.0) and not Margin(0.02, "x").wide(3.0)  # 1% of 3.0 = 0.03
+
+
+def test_welch_ci_matches_the_ncss_worked_example():
+    # two-sided 95% Welch CI = the (1 - 2 * 0.025) TOST interval NCSS prints for these data
+    r = welch(YIELD_A, YIELD_B)
+    assert r["ci_low"] == pytest.approx(-120.27336, abs=1e-5)
+    assert r["ci_high"] == pytest.approx(104.04259, abs=1e-5)
+    assert r["df"] == pytest.approx(19.169, abs=5e-4)
+    row = compare_pairs({"k": (YIELD_A, YIELD_B)}, 110.0).iloc[0]
+    assert (row["ci_low"], row["ci_high"]) == (r["ci_low"], r["ci_high"])
 
 
 def test_add_verdicts_on_a_table():
     included = pd.DataFrame({"variant": ["b"] * 3 + ["x"] * 3, "final_val_bpb": [2.0, 2.01, 1.99, 1.5, 1.51, 1.49]})
     table = pd.DataFrame({"variant": ["b", "x"], "is_baseline": [True, False]})
-    out, m = add_verdicts(table, included, "b")
-    assert m.value == pytest.approx(0.01)
+    out = add_verdicts(table, included, "b", Margin(0.01, "given"))
     assert out["verdict"].tolist() == ["baseline", BETTER]
     assert out.loc[1, "p_holm_final_val_bpb"] < 0.05 and out.loc[1, "margin"] == pytest.approx(0.01)
-    # no margin (one baseline seed): equivalence cannot be claimed, a difference still can
-    out, m = add_verdicts(table, included.iloc[2:], "b")
-    assert math.isnan(m.value) and out.loc[1, "verdict"] == INCONCLUSIVE  # one seed: no Welch test either
+    # no margin: equivalence cannot be claimed, a difference still can
+    out = add_verdicts(table, included, "b", resolve_margin(None))
+    assert math.isnan(out.loc[1, "p_tost_final_val_bpb"]) and out.loc[1, "verdict"] == BETTER
+    out = add_verdicts(table, included.iloc[2:], "b", Margin(0.01, "given"))
+    assert out.loc[1, "verdict"] == INCONCLUSIVE  # one baseline seed: no Welch test either
 
 
 def test_welch_signature_still_works():

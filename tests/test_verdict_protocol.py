@@ -17,7 +17,9 @@ def verdict_args(cwd, shakespeare_path, *extra):
     base = [a for a in tiny_args(shakespeare_path, **{"tracking.uri": f"sqlite:///{cwd}/mlflow.db", "threads": 1})
             if not a.startswith("trainer.max_steps=")]  # the budget sets the steps
     return ["verdict.name=tinyverdict", ARMS, SIZES, "verdict.lr.grid=[0.002,0.02]", "verdict.seeds=1",
-            "verdict.seeds_largest=2", f"verdict.storage=sqlite:///{cwd}/optuna.db", *base, *extra]
+            "verdict.seeds_largest=2", f"verdict.storage=sqlite:///{cwd}/optuna.db", "verdict.margin=0.05",
+            "verdict.margin_reason=a test", "verdict.allow_dirty=true",  # the working tree of a test may be dirty
+            *base, *extra]
 
 
 def _runs(cwd):
@@ -47,6 +49,9 @@ def test_every_stage_ran_and_is_tagged(protocol):
         t = r.data.tags
         assert t["verdict.protocol"] == "tinyverdict" and t["verdict.family"] == "positions"
         assert t["verdict.baseline"] == "learned"
+        # the statistics fixed before the runs travel with every run (the report reads them from here)
+        assert (t["verdict.margin"], t["verdict.margin_reason"], t["verdict.holm"]) == ("0.05", "a test", "study")
+        assert t["verdict.primary"] == "arms=*;sizes=*" and t["verdict.allow_dirty"] == "true"
         by.setdefault((t["verdict.size"], t["verdict.arm"], t["verdict.stage"]), []).append(r)
     for size, n_seeds in (("a", 1), ("b", 1), ("c", 2)):  # seeds_largest at the last size
         for arm in ("learned", "rope"):
@@ -100,6 +105,9 @@ def test_rerun_continues_without_repeating(protocol):
     ("verdict.baseline=alibi", "verdict.baseline='alibi'"),
     ("verdict.lr.grid=[]", "verdict.lr.grid=[]"),
     ("verdict.sizes=[{name:a,budget_flops:0}]", "budget_flops=0"),
+    ("verdict.margin=null", "verdict.margin=None"),
+    ("verdict.holm=family", "verdict.holm='family'"),
+    ("verdict.primary={arms:[nope]}", "verdict.primary.arms=['nope']"),
 ])
 def test_bad_protocol_is_one_line_and_trains_nothing(tmp_path, shakespeare_path, bad, needle):
     cwd = tmp_path / "job"
@@ -131,3 +139,64 @@ def test_protocol_on_postgresql_storage(tmp_path, shakespeare_path, pg_url):
     _, runs = _runs(cwd)
     assert sorted((r.data.tags["verdict.arm"], r.data.tags["verdict.stage"]) for r in runs) == [
         ("learned", "lr"), ("learned", "lr"), ("learned", "seeds"), ("rope", "lr"), ("rope", "lr"), ("rope", "seeds")]
+
+
+# ---------------------------------------------------------------------------------------------- one clean commit
+def _git(cwd, *args):
+    import subprocess
+
+    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+
+
+def test_guard_refuses_a_dirty_tree_and_other_commits(tmp_path):
+    import subprocess
+
+    from sweeps.verdict import VerdictError, check_commit, git_tree
+
+    repo = tmp_path / "repo"
+    (repo / "sweeps").mkdir(parents=True)
+    (repo / "sweeps" / "x.py").write_text("a = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "sweeps/x.py")
+    _git(repo, "commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert check_commit(repo, False, {}) == head  # clean: the commit every run will use
+    (repo / "reports").mkdir()
+    (repo / "reports" / "index.md").write_text("generated\n")
+    assert check_commit(repo, False, {head: 3}) == head  # an untracked report is not code
+    (repo / "sweeps" / "x.py").write_text("a = 2\n")
+    with pytest.raises(VerdictError, match=r"uncommitted changes \(sweeps/x.py\).*verdict.allow_dirty=true"):
+        check_commit(repo, False, {})
+    assert check_commit(repo, True, {}) == head  # told to: goes ahead (the runs carry verdict.allow_dirty=true)
+    _git(repo, "checkout", "-q", "--", "sweeps/x.py")
+    (repo / "sweeps" / "new.py").write_text("b = 1\n")  # untracked code could be imported: dirty too
+    assert git_tree(repo)[1] == ["sweeps/new.py"]
+    with pytest.raises(VerdictError, match="uncommitted"):
+        check_commit(repo, False, {})
+    (repo / "sweeps" / "new.py").unlink()
+    with pytest.raises(VerdictError, match=r"another commit \(0123456789ab: 5 runs\)"):
+        check_commit(repo, False, {head: 2, "0123456789abcdef": 5})
+    with pytest.raises(VerdictError, match="not a git checkout"):
+        check_commit(tmp_path / "nowhere", False, {})
+
+
+def test_verdict_refuses_before_training_anything(tmp_path):
+    from sweeps.verdict import Arm, ProtocolSpec, Size, Verdict, VerdictError
+
+    repo = tmp_path / "repo"
+    (repo / "conf").mkdir(parents=True)
+    (repo / "conf" / "a.yaml").write_text("a: 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "conf/a.yaml")
+    _git(repo, "commit", "-q", "-m", "one")
+    (repo / "conf" / "a.yaml").write_text("a: 2\n")
+    calls = []
+    spec = ProtocolSpec(name="guarded", experiment=None, baseline="a", arms=[Arm("a", "f", ())],
+                        sizes=[Size("s", 1e8, ())], seeds=1, seeds_largest=1, lr_grid=[1e-3], lr_seed=0,
+                        storage=f"sqlite:///{tmp_path}/optuna.db", overrides=[f"tracking.uri=sqlite:///{tmp_path}/m.db"],
+                        margin=0.02, margin_reason="r")
+    with pytest.raises(VerdictError, match="uncommitted"):
+        Verdict(spec, train_fn=lambda *a, **k: calls.append(1), repo=repo).run()
+    assert calls == []

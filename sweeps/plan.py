@@ -1,0 +1,323 @@
+"""``python -m sweeps.plan verdict=NAME [pilot=EXPERIMENT] [pilot_uri=URI] [sd=S] [power=0.8] [workers=N] [...]``
+
+The seeds a verdict protocol needs, planned before it runs. Per size and arm: the seeds (per arm, the baseline
+the same) that give probability `power` to
+
+  * detect a true difference of the margin's size (two-sided Welch t-test at level alpha/m: Holm's first step, the
+    Bonferroni bound, so Holm's power for that comparison is at least this), by the noncentral t distribution with
+    Welch-Satterthwaite degrees of freedom;
+  * show equivalence within ±margin when the true difference is 0 (TOST, each one-sided test at alpha/m), by
+    integrating over the sampling distribution of the standard error (a scaled chi-square with the same degrees of
+    freedom; exact for equal variances, Satterthwaite's approximation otherwise).
+
+m is the size of the declared Holm family (verdict.holm, verdict.primary). The seed spread comes from a pilot: the
+seeds-stage runs of an earlier protocol (or any runs with verdict.arm / variant tags) in MLflow, `pilot=EXPERIMENT`
+at `pilot_uri=` (default: the protocol's tracking URI), per (arm, size) when the pilot has that size, else pooled
+over the arm's sizes, else over every arm; or one number for all, `sd=S`. A spread from a few seeds is itself
+uncertain, so the seeds needed at its 80% upper confidence bound are printed too. Compute: the size's FLOP budget
+per run; wall time: that budget over the arm's measured training FLOP/s in the pilot (tokens/s x FLOPs per token),
+plus the pilot's measured per-run start-up (wall_sec minus training time), divided over `workers` processes.
+
+Defaults come from the verdict file's `plan:` block; `verdict.seeds: plan` makes the protocol take its seed counts
+from here (the largest of its arms' needs at each size, capped at plan.max_seeds).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULTS = {"pilot": None, "pilot_uri": None, "sd": None, "power": 0.8, "alpha": 0.05, "max_seeds": 30,
+            "goal": "both", "workers": 1, "secondary_seeds": 2}
+GOALS = ("detect", "equivalence", "both")
+SD_UPPER = 0.8  # the one-sided confidence of the seed spread's upper bound
+
+
+# ---------------------------------------------------------------------------------------------- power
+def welch_df(sd_a: float, sd_b: float, n_a: int, n_b: int) -> float:
+    va, vb = sd_a**2 / n_a, sd_b**2 / n_b
+    return (va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1))
+
+
+def power_difference(delta: float, sd_a: float, sd_b: float, n_a: int, n_b: int, alpha: float) -> float:
+    """P(two-sided Welch test at level alpha rejects) when the true difference is `delta`: noncentral t."""
+    from scipy import stats
+
+    se = math.sqrt(sd_a**2 / n_a + sd_b**2 / n_b)
+    df = welch_df(sd_a, sd_b, n_a, n_b)
+    tc = stats.t.ppf(1 - alpha / 2, df)
+    ncp = delta / se
+    return float(stats.nct.sf(tc, df, ncp) + stats.nct.cdf(-tc, df, ncp))
+
+
+def power_tost(delta: float, margin: float, sd_a: float, sd_b: float, n_a: int, n_b: int, alpha: float) -> float:
+    """P(TOST at level alpha shows |difference| < margin) when the true difference is `delta`.
+
+    TOST rejects when |d| < margin - t_c * se_hat (t_c the 1 - alpha quantile). d ~ N(delta, se^2) and
+    se_hat^2 ~ se^2 chi2_df / df independently, so the power is E[Phi((b - delta)/se) - Phi((-b - delta)/se)] with
+    b = max(margin - t_c se_hat, 0), integrated over chi2_df by quadrature."""
+    from scipy import integrate, stats
+
+    se = math.sqrt(sd_a**2 / n_a + sd_b**2 / n_b)
+    df = welch_df(sd_a, sd_b, n_a, n_b)
+    tc = stats.t.ppf(1 - alpha, df)
+    x_max = df * (margin / (tc * se)) ** 2  # chi2 values above this leave no acceptance region
+
+    def inner(x):
+        b = margin - tc * se * math.sqrt(x / df)
+        return (stats.norm.cdf((b - delta) / se) - stats.norm.cdf((-b - delta) / se)) * stats.chi2.pdf(x, df)
+
+    val, _ = integrate.quad(inner, 0.0, x_max, limit=200)
+    return float(min(max(val, 0.0), 1.0))
+
+
+def seeds_needed(power_fn, target: float, max_seeds: int) -> int | None:
+    """The smallest n in 2..max_seeds with power_fn(n) >= target; None when even max_seeds is not enough."""
+    for n in range(2, max_seeds + 1):
+        if power_fn(n) >= target:
+            return n
+    return None
+
+
+def sd_upper(sd: float, df: int, confidence: float = SD_UPPER) -> float:
+    """One-sided upper confidence bound of a normal standard deviation estimated with `df` degrees of freedom."""
+    from scipy import stats
+
+    return float(sd * math.sqrt(df / stats.chi2.ppf(1 - confidence, df))) if df >= 1 else math.nan
+
+
+# ---------------------------------------------------------------------------------------------- pilot
+@dataclass
+class Spread:
+    sd: float
+    df: int  # degrees of freedom of the estimate (0: given, not estimated)
+    source: str
+
+
+def pooled(groups) -> tuple[float, int]:
+    """Pooled sd over groups of values (each with >= 2 finite values): sqrt(sum SS / sum (n - 1))."""
+    ss, df = 0.0, 0
+    for g in groups:
+        g = np.asarray([v for v in g if np.isfinite(v)], dtype=float)
+        if len(g) >= 2:
+            ss += float(((g - g.mean()) ** 2).sum())
+            df += len(g) - 1
+    return (math.sqrt(ss / df), df) if df else (math.nan, 0)
+
+
+def pilot_frame(experiment: str, uri: str):
+    """The pilot's finished runs with arm, size, bpb, tokens/s, FLOPs per token and wall seconds."""
+    from analysis.store import load_runs
+
+    runs = load_runs(experiment, uri).included
+    if "verdict.stage" in runs and runs["verdict.stage"].notna().any():
+        runs = runs[runs["verdict.stage"] == "seeds"]
+    runs = runs.assign(arm=runs["verdict.arm"].fillna(runs["variant"]) if "verdict.arm" in runs else runs["variant"],
+                       size=runs["verdict.size"].fillna("") if "verdict.size" in runs else "")
+    return runs.reset_index(drop=True)
+
+
+def spread_of(runs, arm: str, size: str) -> Spread:
+    """The seed sd of `arm` at `size` in the pilot; else pooled over the arm's sizes; else over every arm."""
+    m = "final_val_bpb"
+    at = runs[(runs["arm"] == arm) & (runs["size"] == size)][m].astype(float)
+    if at.notna().sum() >= 2:
+        sd, df = pooled([at])
+        return Spread(sd, df, f"{arm} at {size} ({df + 1} seeds)")
+    mine = runs[runs["arm"] == arm]
+    sd, df = pooled(g[m].astype(float) for _, g in mine.groupby("size"))
+    if df:
+        return Spread(sd, df, f"{arm} pooled over its sizes (df {df})")
+    sd, df = pooled(g[m].astype(float) for _, g in runs.groupby(["arm", "size"]))
+    return Spread(sd, df, f"pooled over every arm and size (df {df})")
+
+
+def flop_rate(runs, arm: str) -> tuple[float, float]:
+    """(median training FLOP/s, median start-up seconds per run) of the arm's pilot runs (else of every run)."""
+    mine = runs[runs["arm"] == arm]
+    use = mine if len(mine) else runs
+    rate = use["final_tokens_per_sec"].astype(float) * use["flops_per_token"].astype(float)
+    train_s = use["tokens_seen"].astype(float) / use["final_tokens_per_sec"].astype(float)
+    wall = use["wall_sec"].astype(float) if "wall_sec" in use else train_s * math.nan
+    start = (wall - train_s)[np.isfinite(wall - train_s)]
+    return float(np.nanmedian(rate)) if np.isfinite(rate).any() else math.nan, \
+        float(np.median(start)) if len(start) else 0.0
+
+
+# ---------------------------------------------------------------------------------------------- plan
+def family_size(p, arm: str, size: str) -> int:
+    """m of the Holm family the comparison (arm, size) belongs to, as the protocol declares it."""
+    arms = [a for a in p.arms if a.name != p.baseline and (not p.primary_arms or a.name in p.primary_arms)]
+    sizes = [s.name for s in p.sizes if not p.primary_sizes or s.name in p.primary_sizes]
+    if not any(a.name == arm for a in arms) or size not in sizes:  # secondary: its own family of the rest
+        return max(1, (len(p.arms) - 1) * len(p.sizes) - len(arms) * len(sizes))
+    if p.holm == "study":
+        return len(arms) * len(sizes)
+    if p.holm == "size":
+        return len(arms)
+    fam = next(a.family for a in p.arms if a.name == arm)
+    return sum(a.family == fam for a in arms)
+
+
+def settings(p, overrides: dict | None = None) -> dict:
+    s = {**DEFAULTS, **{k: v for k, v in (p.plan or {}).items() if v is not None}, **(overrides or {})}
+    if s["goal"] not in GOALS:
+        raise ValueError(f"invalid plan goal={s['goal']!r}: choose one of {', '.join(GOALS)}")
+    for key in ("max_seeds", "workers", "secondary_seeds"):
+        if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < (2 if key == "max_seeds" else 1):
+            raise ValueError(f"invalid plan {key}={s[key]!r}: expected a positive integer")
+    if not 0 < float(s["power"]) < 1 or not 0 < float(s["alpha"]) < 1:
+        raise ValueError(f"invalid plan power={s['power']!r} / alpha={s['alpha']!r}: expected numbers in (0, 1)")
+    if s["pilot"] is None and s["sd"] is None:
+        raise ValueError("the planner needs a seed spread: plan.pilot=EXPERIMENT (an earlier study in MLflow) or "
+                         "plan.sd=S (bpb)")
+    return s
+
+
+def plan_rows(p, s: dict, runs=None) -> list[dict]:
+    """One row per (size, non-baseline arm): spreads, family size, seeds to detect / to show equivalence, compute."""
+    rows = []
+    for size in p.sizes:
+        for arm in p.arms:
+            if arm.name == p.baseline:
+                continue
+            if s["sd"] is not None:
+                sa = sb = Spread(float(s["sd"]), 0, f"given (sd={float(s['sd']):g})")
+            else:
+                sa, sb = spread_of(runs, arm.name, size.name), spread_of(runs, p.baseline, size.name)
+            m = family_size(p, arm.name, size.name)
+            level = s["alpha"] / m
+            need = {}
+            for tag, (a, b) in {"": (sa.sd, sb.sd), "_upper": (sd_upper(sa.sd, sa.df) if sa.df else sa.sd,
+                                                               sd_upper(sb.sd, sb.df) if sb.df else sb.sd)}.items():
+                need["detect" + tag] = seeds_needed(
+                    lambda n: power_difference(p.margin, a, b, n, n, level), s["power"], s["max_seeds"])
+                need["equivalence" + tag] = seeds_needed(
+                    lambda n: power_tost(0.0, p.margin, a, b, n, n, s["alpha"] / m), s["power"], s["max_seeds"])
+            rows.append({"size": size.name, "arm": arm.name, "sd_arm": sa.sd, "sd_baseline": sb.sd,
+                         "run_s": run_seconds(runs, arm.name, size.budget_flops),
+                         "baseline_run_s": run_seconds(runs, p.baseline, size.budget_flops),
+                         "sd_source": sa.source if sa.source == sb.source else f"{sa.source}; baseline {sb.source}",
+                         "df_arm": sa.df, "df_baseline": sb.df, "holm_m": m, "budget_flops": size.budget_flops,
+                         **need})
+    return rows
+
+
+def run_seconds(runs, arm: str, budget_flops: float) -> float:
+    """Wall seconds of one run: the budget over the arm's measured FLOP/s, plus the measured start-up."""
+    if runs is None or not len(runs):
+        return math.nan
+    rate, start = flop_rate(runs, arm)
+    return budget_flops / rate + start if rate > 0 else math.nan
+
+
+def chosen(row: dict, goal: str) -> int | None:
+    keys = {"detect": ("detect",), "equivalence": ("equivalence",), "both": ("detect", "equivalence")}[goal]
+    vals = [row[k] for k in keys]
+    return None if any(v is None for v in vals) else max(vals)
+
+
+def plan_seeds(p, overrides: dict | None = None) -> dict[str, int]:
+    """{size: seeds} for `verdict.seeds: plan`: the largest need of the size's primary arms (capped at max_seeds);
+    a size with no primary comparison gets plan.secondary_seeds."""
+    from sweeps.verdict import VerdictError
+
+    try:
+        s = settings(p, overrides)
+        runs = pilot_frame(s["pilot"], s["pilot_uri"] or _protocol_uri(p)) if s["sd"] is None else None
+        rows = plan_rows(p, s, runs)
+    except (ValueError, LookupError) as e:
+        raise VerdictError(f"seeds: plan: {e}") from None
+    return plan_seeds_from_rows(p, s, rows)
+
+
+def _is_primary(p, arm: str, size: str) -> bool:
+    return (not p.primary_arms or arm in p.primary_arms) and (not p.primary_sizes or size in p.primary_sizes)
+
+
+def _protocol_uri(p) -> str:
+    from hydra import initialize_config_dir
+
+    from sweeps.study import CONF_DIR, compose_run, tracking_uri
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="plan"):
+        return tracking_uri(compose_run(p.run_overrides(p.arms[0], p.sizes[0])))
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+OWN_KEYS = ("pilot", "pilot_uri", "sd", "power", "alpha", "max_seeds", "goal", "workers")
+
+
+def _n(v) -> str:
+    return "> max" if v is None else str(v)
+
+
+def render(p, s: dict, rows: list[dict]) -> list[str]:
+    """The plan as text: per (size, arm) the spreads, m, seeds per goal; then seeds per size, compute and wall."""
+    lines = [f"plan for protocol {p.name}: margin ±{p.margin:g} bpb ({p.margin_reason}); power {s['power']:g}; "
+             f"alpha {s['alpha']:g} over the Holm family ({p.holm}; primary {p.primary_text()}); "
+             f"seeds per arm (the baseline the same); max {s['max_seeds']}",
+             f"{'size':6} {'arm':12} {'sd arm':>8} {'sd base':>8} {'m':>3} {'detect':>7} {'equiv':>6} "
+             f"{'detect@ub':>9} {'equiv@ub':>8}  spread from"]
+    for r in rows:
+        lines.append(f"{r['size']:6} {r['arm']:12} {r['sd_arm']:8.4f} {r['sd_baseline']:8.4f} {r['holm_m']:3d} "
+                     f"{_n(r['detect']):>7} {_n(r['equivalence']):>6} {_n(r['detect_upper']):>9} "
+                     f"{_n(r['equivalence_upper']):>8}  {r['sd_source']}")
+    lines.append(f"(detect: Welch at alpha/m against a true difference of ±{p.margin:g}; equiv: TOST within "
+                 f"±{p.margin:g} when the true difference is 0; @ub: with each sd at its {SD_UPPER:.0%} upper "
+                 "confidence bound)")
+    seeds = plan_seeds_from_rows(p, s, rows)
+    core = 0.0
+    for size in p.sizes:
+        n = seeds[size.name]
+        at = [r for r in rows if r["size"] == size.name]
+        per_size = n * (sum(r["run_s"] for r in at) + (at[0]["baseline_run_s"] if at else 0.0))
+        lr_stage = len(p.lr_grid) * (sum(r["run_s"] for r in at) + (at[0]["baseline_run_s"] if at else 0.0))
+        core += per_size + lr_stage
+        lines.append(f"size {size.name}: {n} seeds x {len(p.arms)} arms at {size.budget_flops:.3g} FLOPs each "
+                     f"({n * len(p.arms) * size.budget_flops:.3g} FLOPs); seeds stage {per_size / 60:.1f} core-min, "
+                     f"lr stage ({len(p.lr_grid)} lrs) {lr_stage / 60:.1f} core-min")
+    lines.append(f"total: {core / 60:.1f} core-minutes; wall {core / 60 / s['workers']:.1f} min on {s['workers']} "
+                 "worker(s) (from the pilot's measured FLOP/s and start-up per run; n/a without a pilot)")
+    return lines
+
+
+def plan_seeds_from_rows(p, s: dict, rows: list[dict]) -> dict[str, int]:
+    out = {}
+    for size in p.sizes:
+        needs = [chosen(r, s["goal"]) for r in rows if r["size"] == size.name and _is_primary(p, r["arm"], size.name)]
+        out[size.name] = s["secondary_seeds"] if not needs else max(s["max_seeds"] if n is None else n for n in needs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import yaml
+
+    from sweeps.run import exit_code
+    from sweeps.verdict import VerdictError, load_protocol
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    own = {k: yaml.safe_load(v) for k, _, v in (a.partition("=") for a in argv) if k in OWN_KEYS}
+    rest = [a for a in argv if a.partition("=")[0] not in OWN_KEYS]
+
+    def go() -> int:
+        p = load_protocol([*rest, "verdict.seeds=1"])  # the plan itself: never recursive
+        try:
+            s = settings(p, own)
+            runs = pilot_frame(s["pilot"], s["pilot_uri"] or _protocol_uri(p)) if s["sd"] is None else None
+            rows = plan_rows(p, s, runs)
+        except (ValueError, LookupError) as e:
+            raise VerdictError(str(e)) from None
+        print("\n".join(render(p, s, rows)))
+        return 0
+
+    return exit_code(go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The seed planner (sweeps/plan.py): its power against Monte Carlo simulation of the very tests the report runs
+(Welch, TOST), against Cohen's (1988) table 2.4.1 of two-sample t-test sample sizes (power 0.80, two-sided
+alpha 0.05: d = 0.5 -> 64, 0.8 -> 26, 1.0 -> 17 per group), the Holm family sizes, the pilot's spreads, the CLI."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.stats import tost_from_stats
+from sweeps.plan import (family_size, pilot_frame, plan_seeds, power_difference, power_tost, seeds_needed, sd_upper,
+                         spread_of)
+from sweeps.verdict import Arm, ProtocolSpec, Size
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+SIMS = 20_000
+
+
+def _mc_welch(delta, sd_a, sd_b, n, alpha, seed):
+    """Fraction of simulated experiments in which the two-sided Welch test rejects at `alpha`."""
+    from scipy import stats
+
+    rng = np.random.default_rng(seed)
+    a = rng.normal(delta, sd_a, size=(SIMS, n))
+    b = rng.normal(0.0, sd_b, size=(SIMS, n))
+    return float(np.mean(stats.ttest_ind(a, b, axis=1, equal_var=False).pvalue < alpha))
+
+
+def _mc_tost(delta, margin, sd_a, sd_b, n, alpha, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(delta, sd_a, size=(SIMS, n))
+    b = rng.normal(0.0, sd_b, size=(SIMS, n))
+    ma, mb, sa, sb = a.mean(1), b.mean(1), a.std(1, ddof=1), b.std(1, ddof=1)
+    ps = [tost_from_stats(ma[i], sa[i], n, mb[i], sb[i], n, margin, alpha)["p_value"] for i in range(4000)]
+    return float(np.mean(np.asarray(ps) < alpha))
+
+
+@pytest.mark.parametrize("delta,sd_a,sd_b,n,alpha", [
+    (0.02, 0.01, 0.01, 4, 0.05), (0.02, 0.015, 0.01, 6, 0.05 / 3), (0.03, 0.02, 0.01, 5, 0.05 / 10),
+    (0.01, 0.01, 0.01, 12, 0.05)])
+def test_difference_power_matches_simulation(delta, sd_a, sd_b, n, alpha):
+    exact = power_difference(delta, sd_a, sd_b, n, n, alpha)
+    assert 0.1 < exact < 0.99  # informative cases, not saturated
+    assert exact == pytest.approx(_mc_welch(delta, sd_a, sd_b, n, alpha, 1), abs=0.05)
+
+
+@pytest.mark.parametrize("delta,margin,sd_a,sd_b,n,alpha", [
+    (0.0, 0.02, 0.01, 0.01, 5, 0.05), (0.0, 0.02, 0.012, 0.008, 8, 0.05 / 4), (0.005, 0.02, 0.01, 0.01, 7, 0.05),
+    (0.0, 0.03, 0.02, 0.01, 6, 0.05)])
+def test_tost_power_matches_simulation(delta, margin, sd_a, sd_b, n, alpha):
+    exact = power_tost(delta, margin, sd_a, sd_b, n, n, alpha)
+    assert 0.1 < exact < 0.99
+    assert exact == pytest.approx(_mc_tost(delta, margin, sd_a, sd_b, n, alpha, 2), abs=0.05)
+
+
+def test_sample_sizes_match_cohens_table():
+    for d, n in ((0.5, 64), (0.8, 26), (1.0, 17)):
+        assert seeds_needed(lambda k: power_difference(d, 1.0, 1.0, k, k, 0.05), 0.8, 200) == n
+    assert seeds_needed(lambda k: power_difference(0.1, 1.0, 1.0, k, k, 0.05), 0.8, 30) is None  # > max
+
+
+def test_sd_upper_bound_is_a_chi_square_bound():
+    # 2 seeds (df 1): the 80% upper bound is sd * sqrt(1 / chi2_{0.2,1}) = sd / sqrt(0.0641848) = 3.947 sd
+    assert sd_upper(1.0, 1) == pytest.approx(1 / math.sqrt(0.06418475), rel=1e-5)
+    assert sd_upper(1.0, 100) < 1.1
+
+
+def _spec(holm="study", primary_arms=(), primary_sizes=(), sd=0.01):
+    arms = [Arm("base", "b", ()), Arm("rope", "pos", ()), Arm("alibi", "pos", ()), Arm("rms", "norm", ())]
+    sizes = [Size("s", 1e11, ()), Size("m", 3e11, ())]
+    return ProtocolSpec(name="t", experiment=None, baseline="base", arms=arms, sizes=sizes, seeds=2, seeds_largest=2,
+                        lr_grid=[1e-3], lr_seed=0, storage="sqlite:///x.db", overrides=[], margin=0.02,
+                        margin_reason="r", holm=holm, primary_arms=primary_arms, primary_sizes=primary_sizes,
+                        plan={"sd": sd, "max_seeds": 40})
+
+
+def test_family_size_follows_the_declared_holm_family():
+    assert family_size(_spec("study"), "rope", "m") == 6  # 3 arms x 2 sizes
+    assert family_size(_spec("size"), "rope", "m") == 3
+    assert family_size(_spec("arm-family"), "rope", "m") == 2  # rope, alibi
+    prim = _spec("study", primary_arms=("rope", "rms"), primary_sizes=("m",))
+    assert family_size(prim, "rope", "m") == 2
+    assert family_size(prim, "alibi", "m") == 4  # secondary: the other 6 - 2 comparisons
+
+
+def test_plan_seeds_grow_with_the_family_and_shrink_with_the_spread():
+    small = plan_seeds(_spec("size", sd=0.005))
+    big = plan_seeds(_spec("study", sd=0.005))
+    assert set(small) == {"s", "m"} and all(big[k] >= small[k] for k in small)
+    assert plan_seeds(_spec("study", sd=0.002))["m"] < big["m"]
+    prim = plan_seeds(_spec("study", primary_sizes=("m",), sd=0.005))
+    assert prim["s"] == 2  # no primary comparison at s: plan.secondary_seeds
+
+
+def test_pilot_spreads_from_a_protocol_store(tmp_path):
+    from test_protocol_report import BPB, EXPERIMENT, make_store
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    make_store(uri)
+    runs = pilot_frame(EXPERIMENT, uri)
+    assert set(runs["verdict.stage"]) == {"seeds"}  # the lr stage is not a seed spread
+    sp = spread_of(runs, "rope", "m")
+    assert sp.sd == pytest.approx(float(np.std(BPB["m"]["rope"], ddof=1))) and sp.df == 2
+    pooled = spread_of(runs, "rope", "xl")  # no such size: pooled over the arm's three sizes
+    ss = sum(((np.array(v) - np.mean(v)) ** 2).sum() for v in (BPB[s]["rope"] for s in BPB))
+    assert pooled.sd == pytest.approx(math.sqrt(ss / 6)) and pooled.df == 6
+
+
+def test_cli_prints_the_plan(capsys):
+    from sweeps.plan import main
+
+    assert main(["verdict=second-study", "sd=0.01", "workers=2"]) == 0
+    out = capsys.readouterr().out
+    assert "margin ±0.02" in out and "size m:" in out and "core-minutes" in out
+    assert main(["verdict=second-study"]) == 2  # no pilot and no sd: one line
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plan.pilot" in err[0]
