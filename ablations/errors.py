@@ -5,7 +5,7 @@ The base classes live in `modules.errors` (the lowest layer): every package's us
 from modules.errors import AblationsError, ConfigError
 
 __all__ = ["AblationsError", "ConfigError", "DataError", "TokenizerError", "TrackingError", "CheckpointError",
-           "DivergenceError"]
+           "DivergenceError", "exit_code", "one_line"]
 
 
 class DataError(AblationsError):
@@ -31,3 +31,20 @@ class DivergenceError(AblationsError, FloatingPointError):
 def exit_code(e: AblationsError) -> int:
     """The CLI's exit status for a user-facing error: 3 for a diverged loss, 2 for bad input."""
     return 3 if isinstance(e, DivergenceError) else 2
+
+
+def one_line(exc: BaseException, limit: int = 500) -> str:
+    """An exception as one line: its type and the first line of its message, plus Hydra's 'Available options'
+    list when the message has one (Hydra spreads it over many lines); cut to `limit` characters."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    for i, ln in enumerate(lines):
+        if ln.startswith("Available options"):
+            options = []
+            for opt in lines[i + 1:]:
+                if opt.endswith(":") or "=" in opt or " " in opt:
+                    break
+                options.append(opt)
+            text += f" ({ln.rstrip(':').lower()}: {', '.join(options)})"
+            break
+    return text if len(text) <= limit else text[: limit - 3] + "..."

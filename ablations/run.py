@@ -7,12 +7,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from ablations.compose import CONF_DIR
+
 os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+# conf/hydra/launcher/submitit_*.yaml replace the plugin's defaults under the same names (every key given): Hydra
+# still checks them against the plugin's schema, and says so in a deprecation warning at every launch
+warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
 
 
 _FAILED: list[int] = []  # exit codes of failed jobs of a multirun (the basic launcher runs jobs in-process)
@@ -61,9 +67,6 @@ def main(cfg: DictConfig) -> float | None:
     return r.get("val_bpb")
 
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-
-
 def check_group_overrides(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     """One clear line for an unknown group option (Hydra's own message spans many lines)."""
     for a in argv:
@@ -88,7 +91,7 @@ def check_config_keys(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     spans several lines. Composes the config with the command's group choices, so `experiment=` keys count."""
     import difflib
 
-    from hydra import compose, initialize_config_dir
+    from ablations.compose import compose
     from hydra.errors import HydraException
     from omegaconf import DictConfig, OmegaConf
 
@@ -101,8 +104,7 @@ def check_config_keys(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     groups = [f"{k}={v}" for k, v in pairs if "." not in k and (conf_dir / k.lstrip("+~")).is_dir()
               and not any(c in v for c in "(),[]*$")]  # a multirun sweep: its first choice is not known here
     try:
-        with initialize_config_dir(config_dir=str(conf_dir.resolve()), version_base="1.3"):
-            cfg = compose("config", overrides=groups)
+        cfg = compose(groups, conf_dir)
     except HydraException:
         return None  # Hydra reports the bad group choice itself
     for key in dotted:

@@ -15,11 +15,17 @@ def fail(field_name: str, value, expected: str):
     raise ConfigError(f"invalid {field_name}={value!r}: {expected}")
 
 
-def check_int(field_name: str, value, lo: int = 1, hi: int | None = None) -> int:
-    # bool is an int subclass; `n_layer: true` in a YAML is a typo, not 1.
+def is_int(value, lo: int | None = None, hi: int | None = None) -> bool:
+    """An int in [lo, hi] (None: unbounded). bool is an int subclass; `n_layer: true` in a YAML is a typo, not 1."""
     if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return (lo is None or value >= lo) and (hi is None or value <= hi)
+
+
+def check_int(field_name: str, value, lo: int = 1, hi: int | None = None) -> int:
+    if not is_int(value):
         fail(field_name, value, "expected an integer")
-    if value < lo or (hi is not None and value > hi):
+    if not is_int(value, lo, hi):
         fail(field_name, value, f"expected an integer in [{lo}, {hi if hi is not None else 'inf'}]")
     return value
 

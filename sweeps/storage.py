@@ -27,6 +27,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
+from ablations.errors import one_line
 from modules.errors import AblationsError
 
 log = logging.getLogger("sweeps")
@@ -74,11 +75,6 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def check_url(url: str):
     """Parse ``url`` (an SQLAlchemy URL) or raise :class:`StorageError` with one line."""
     if not isinstance(url, str) or not url.strip():
@@ -88,7 +84,7 @@ def check_url(url: str):
 
         return make_url(url)
     except ArgumentError as e:
-        raise StorageError(f"bad storage URL {url!r}: {_first_line(e)} "
+        raise StorageError(f"bad storage URL {url!r}: {one_line(e)} "
                            "(expected e.g. sqlite:///optuna.db or postgresql://user:pass@host:5432/db)") from None
 
 
@@ -140,7 +136,7 @@ def make_storage(
             # Two workers creating Optuna's tables in a fresh database at once: the loser retries.
             race = isinstance(e, (IntegrityError, ProgrammingError)) and attempt < 2
             if not race:
-                raise StorageError(f"cannot open Optuna storage {shown}: {_first_line(e)}") from None
+                raise StorageError(f"cannot open Optuna storage {shown}: {one_line(e)}") from None
             time.sleep(1.0 + attempt)
     raise AssertionError("unreachable")
 
@@ -192,7 +188,7 @@ class BudgetLock:
                     conn_cm = self._engine.connect()
                 except SQLAlchemyError as e:
                     raise StorageError(f"cannot open Optuna storage {mask_url(self.url)}: "
-                                       f"{_first_line(e)}") from None
+                                       f"{one_line(e)}") from None
                 with conn_cm as conn:
                     if self.backend == "postgresql":
                         conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": self._key})
@@ -282,7 +278,7 @@ class Heartbeat:
             try:
                 self.storage.record_heartbeat(self.trial_id)
             except SQLAlchemyError as e:  # a transient DB error must not kill the trial; the next beat retries
-                log.warning("heartbeat for trial id %s failed: %s", self.trial_id, _first_line(e))
+                log.warning("heartbeat for trial id %s failed: %s", self.trial_id, one_line(e))
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()

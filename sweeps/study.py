@@ -35,6 +35,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import FrozenTrial, TrialState
 
+from ablations.compose import CONF_DIR, config_dir
+from ablations.errors import one_line
 from modules.errors import AblationsError
 
 from sweeps.space import SearchSpace, SpaceError, format_value, to_overrides
@@ -54,7 +56,6 @@ log = logging.getLogger("sweeps")
 # Heartbeats, retry callback, metric names, multivariate TPE: all "experimental" in Optuna 5 and used on purpose.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # Keys of the dict ablations.train.train returns (docs/CONTRACTS.md): what an objective may name.
 RESULT_METRICS = (
     "val_loss", "val_bpb", "tokens_per_sec", "mfu", "params", "params_non_embedding",
@@ -76,7 +77,7 @@ def available_sweeps(conf_dir: Path = CONF_DIR) -> list[str]:
     return sorted(p.stem for p in (conf_dir / "sweep").glob("*.yaml"))
 
 
-def _parse_overrides(overrides: list[str]):
+def parse_overrides(overrides: list[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -314,7 +315,7 @@ class MlflowLinks:
 
                 get_or_create_experiment(self.client, self.uri, self.experiment)
         except MlflowException as e:
-            raise SweepError(f"MLflow tracking store {mask_url(self.uri)} cannot be used: {_short(e)}") from None
+            raise SweepError(f"MLflow tracking store {mask_url(self.uri)} cannot be used: {one_line(e)}") from None
 
     def find_run(self, study_name: str, number: int) -> str | None:
         try:
@@ -371,26 +372,10 @@ def compose_run(overrides: list[str]) -> DictConfig:
     return cfg
 
 
-def _short(exc: BaseException, limit: int = 500) -> str:
-    """One line: the exception's type and first line (plus Hydra's 'Available options' list, if any)."""
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    for i, ln in enumerate(lines):
-        if ln.startswith("Available options"):
-            options = []
-            for opt in lines[i + 1:]:
-                if opt.endswith(":") or "=" in opt or " " in opt:
-                    break
-                options.append(opt)
-            text += f" ({ln.rstrip(':').lower()}: {', '.join(options)})"
-            break
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _values_of(overrides: list[str]) -> dict[str, Any]:
     """key -> python value for simple (non-sweep) overrides, for ``when`` conditions."""
     out = {}
-    for o in _parse_overrides(overrides):
+    for o in parse_overrides(overrides):
         if not o.is_sweep_override():  # a sweep (a,b / range) has no single value
             out[_override_key(o)] = o.value()
     return out
@@ -506,7 +491,7 @@ class Sweep:
         self.conf_dir = Path(conf_dir)
         self.train_fn = train_fn
         self.user_overrides = list(overrides)
-        parsed = _parse_overrides(self.user_overrides)
+        parsed = parse_overrides(self.user_overrides)
         for o in parsed:
             if o.is_sweep_override():
                 raise SweepError(f"override {o.input_line!r} is a Hydra multirun sweep; a sweep samples values from "
@@ -547,13 +532,11 @@ class Sweep:
 
     # -- main
     def run(self) -> int:
-        from hydra import initialize_config_dir
-
-        with initialize_config_dir(config_dir=str(self.conf_dir), version_base="1.3", job_name="sweep"):
+        with config_dir(self.conf_dir, job_name="sweep"):
             try:
                 root = self.compose(self.user_overrides)
             except (HydraException, OmegaConfBaseException) as e:
-                raise SweepError(f"config error: {_short(e)}") from None
+                raise SweepError(f"config error: {one_line(e)}") from None
             sweep_cfg = OmegaConf.to_container(root.sweep, resolve=True) if root.get("sweep") else None
             if not sweep_cfg:
                 raise SweepError(f"conf/sweep/{self.name}.yaml is empty")
@@ -565,14 +548,14 @@ class Sweep:
 
     def _base_overrides(self, settings: SweepSettings) -> tuple[list[str], dict[str, Any]]:
         """Overrides applied to every trial (sweep's fixed overrides, then the user's, later wins per key)."""
-        fixed = _parse_overrides(settings.overrides)
-        user = _parse_overrides(self.trial_user_overrides)
+        fixed = parse_overrides(settings.overrides)
+        user = parse_overrides(self.trial_user_overrides)
         user_keys = {_override_key(o) for o in user}
         merged = [o.input_line for o in fixed if _override_key(o) not in user_keys] + [o.input_line for o in user]
         keys = {_override_key(o) for o in fixed} | user_keys
         if settings.mlflow_experiment is not None or not ({"tracking.experiment", "experiment"} & keys):
             exp = settings.mlflow_experiment or settings.study_name
-            merged = [m for m in merged if _override_key(_parse_overrides([m])[0]) != "tracking.experiment"]
+            merged = [m for m in merged if _override_key(parse_overrides([m])[0]) != "tracking.experiment"]
             merged.append(f"tracking.experiment={format_value(exp)}")
         return merged, _values_of(merged)
 
@@ -592,7 +575,7 @@ class Sweep:
         try:
             probe = self.compose(base)
         except (HydraException, OmegaConfBaseException) as e:
-            raise SweepError(f"config error: {_short(e)}") from None
+            raise SweepError(f"config error: {one_line(e)}") from None
         self.uri = tracking_uri(probe)
         self.mlflow = MlflowLinks(self.uri, OmegaConf.select(probe, "tracking.experiment", default=None))
         notes: list[str] = []
@@ -692,7 +675,7 @@ class Sweep:
                 # A bug or Ctrl-C in the worker itself: never leave the trial RUNNING.
                 with contextlib.suppress(Exception):
                     if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
-                        trial.set_user_attr("fail_reason", f"sweep worker error: {_short(e)}")
+                        trial.set_user_attr("fail_reason", f"sweep worker error: {one_line(e)}")
                         study.tell(trial, state=TrialState.FAIL)
                 raise
             finally:
@@ -714,32 +697,64 @@ class Sweep:
 
     # -- one trial
     def run_trial(self, study: optuna.Study, trial: optuna.Trial) -> TrialState:
-        settings = self.settings
-        number = trial.number
         retry_of = study._storage.get_trial(trial._trial_id).system_attrs.get("failed_trial")
         if retry_of is not None:
             trial.set_user_attr("retry_of", int(retry_of))
+        prepared = self._trial_config(study, trial, retry_of)
+        if isinstance(prepared, TrialState):  # failed before training: nothing ran
+            return prepared
+        cfg, shown = prepared
+        run_ids: list[str] = []
+        callbacks = self._trial_callbacks(trial, run_ids)
+        train = self.train_fn
+        if train is None:
+            from ablations.train import train
+        try:
+            result = train(cfg, callbacks=callbacks, tags=self._trial_tags(study, trial, shown, retry_of))
+        except optuna.TrialPruned as e:
+            run_id = self._link_run(study, trial, run_ids)
+            study.tell(trial, state=TrialState.PRUNED)
+            if run_id:
+                self.mlflow.set_tags(run_id, {"optuna.state": "PRUNED", "pruned": "true"})
+            self._say(f"trial {trial.number} PRUNED ({e}){self._run_note(run_id)}")
+            return TrialState.PRUNED
+        except KeyboardInterrupt:
+            self._link_run(study, trial, run_ids)
+            self._fail(study, trial, "interrupted (KeyboardInterrupt)")
+            raise
+        except (AblationsError, torch.OutOfMemoryError, MemoryError) as e:  # diverged, OOM, bad data/config: FAIL
+            # and keep going. Anything else is a bug: the outer loop fails the trial and stops with its traceback.
+            return self._fail(study, trial, one_line(e), run_ids)
+        finally:
+            _free_memory()
+        return self._complete(study, trial, result, run_ids)
+
+    def _trial_config(self, study: optuna.Study, trial: optuna.Trial,
+                      retry_of: int | None) -> tuple[DictConfig, str] | TrialState:
+        """The trial's sampled parameters composed into a validated training config, and how they are shown;
+        or the FAIL state when sampling, composing or the model config fails."""
         try:
             params = self.space.suggest(trial, self.fixed_values)
         except ValueError as e:  # a conditional space / enqueued params mismatch (Optuna raises ValueError)
-            return self._fail(study, trial, f"cannot sample parameters: {_short(e)}")
+            return self._fail(study, trial, f"cannot sample parameters: {one_line(e)}")
         sampled = to_overrides(params)
-        overrides = self.base + sampled
         trial.set_user_attr("overrides", " ".join(sampled))
         shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={format_value(v)}" for k, v in params.items())
-        self._say(f"trial {number} start{f' (retry of {retry_of})' if retry_of is not None else ''}: {shown}")
+        self._say(f"trial {trial.number} start{f' (retry of {retry_of})' if retry_of is not None else ''}: {shown}")
         try:
-            cfg = self.compose_trial(overrides)
+            cfg = self.compose_trial(self.base + sampled)
         except (HydraException, OmegaConfBaseException) as e:
-            return self._fail(study, trial, f"config error: {_short(e)}")
+            return self._fail(study, trial, f"config error: {one_line(e)}")
         try:
             self.validate_model(cfg)
         except (ValueError, AssertionError) as e:
-            return self._fail(study, trial, f"invalid model config: {_short(e)}")
+            return self._fail(study, trial, f"invalid model config: {one_line(e)}")
+        return cfg, shown
 
+    def _trial_callbacks(self, trial: optuna.Trial, run_ids: list[str]) -> list[Any]:
+        """Lightning callbacks of the trial's training: the MLflow run id into `run_ids` and the trial's user
+        attrs as soon as the run exists, and the pruner's report at every validation."""
         from sweeps.callbacks import MlflowRunIdCallback, OptunaPruningCallback
-
-        run_ids: list[str] = []
 
         def on_run_id(run_id: str) -> None:
             run_ids.append(run_id)
@@ -750,37 +765,26 @@ class Sweep:
 
         callbacks: list[Any] = [MlflowRunIdCallback(on_run_id)]
         if self.pruning:
-            callbacks.append(OptunaPruningCallback(trial, monitor=settings.monitor))
+            callbacks.append(OptunaPruningCallback(trial, monitor=self.settings.monitor))
+        return callbacks
+
+    def _trial_tags(self, study: optuna.Study, trial: optuna.Trial, shown: str,
+                    retry_of: int | None) -> dict[str, str]:
+        """The MLflow tags that link the run to its study and trial (and the trial it retries)."""
         tags = {
             "optuna.study": study.study_name,
-            "optuna.trial": str(number),
-            "optuna.storage": mask_url(settings.storage),
-            "optuna.sweep": settings.name,
-            "mlflow.runName": f"{study.study_name} #{number}: {shown}"[:250],
+            "optuna.trial": str(trial.number),
+            "optuna.storage": mask_url(self.settings.storage),
+            "optuna.sweep": self.settings.name,
+            "mlflow.runName": f"{study.study_name} #{trial.number}: {shown}"[:250],
         }
         if retry_of is not None:
             tags["optuna.retry_of"] = str(retry_of)
-        train = self.train_fn
-        if train is None:
-            from ablations.train import train
-        try:
-            result = train(cfg, callbacks=callbacks, tags=tags)
-        except optuna.TrialPruned as e:
-            run_id = self._link_run(study, trial, run_ids)
-            study.tell(trial, state=TrialState.PRUNED)
-            if run_id:
-                self.mlflow.set_tags(run_id, {"optuna.state": "PRUNED", "pruned": "true"})
-            self._say(f"trial {number} PRUNED ({e}){self._run_note(run_id)}")
-            return TrialState.PRUNED
-        except KeyboardInterrupt:
-            self._link_run(study, trial, run_ids)
-            self._fail(study, trial, "interrupted (KeyboardInterrupt)")
-            raise
-        except (AblationsError, torch.OutOfMemoryError, MemoryError) as e:  # diverged, OOM, bad data/config: FAIL
-            # and keep going. Anything else is a bug: the outer loop fails the trial and stops with its traceback.
-            return self._fail(study, trial, _short(e), run_ids)
-        finally:
-            _free_memory()
+        return tags
+
+    def _complete(self, study: optuna.Study, trial: optuna.Trial, result: Mapping[str, Any],
+                  run_ids: list[str]) -> TrialState:
+        """Tell Optuna the objectives of a finished training (FAIL when one is missing or not finite)."""
         run_id = result.get("run_id") or (run_ids[-1] if run_ids else None)
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
@@ -788,7 +792,7 @@ class Sweep:
                    and math.isfinite(v)}
         trial.set_user_attr("metrics", metrics)
         values = []
-        for o in settings.objectives:
+        for o in self.settings.objectives:
             v = result.get(o.metric)
             if not isinstance(v, (int, float)) or not math.isfinite(float(v)):
                 return self._fail(study, trial, f"objective {o.metric} is {v!r}", run_ids, run_id=run_id)
@@ -796,8 +800,8 @@ class Sweep:
         study.tell(trial, values)
         if run_id:
             self.mlflow.set_tags(run_id, {"optuna.state": "COMPLETE"})
-        shown = ", ".join(f"{o.metric}={v:.4g}" for o, v in zip(settings.objectives, values))
-        self._say(f"trial {number} COMPLETE {shown}{self._run_note(run_id)}")
+        shown = ", ".join(f"{o.metric}={v:.4g}" for o, v in zip(self.settings.objectives, values))
+        self._say(f"trial {trial.number} COMPLETE {shown}{self._run_note(run_id)}")
         return TrialState.COMPLETE
 
     def _link_run(self, study: optuna.Study, trial: optuna.Trial, run_ids: list[str]) -> str | None:
