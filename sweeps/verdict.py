@@ -87,6 +87,12 @@ class ProtocolSpec:
     allow_dirty: bool = False
     plan: dict = field(default_factory=dict)  # the seed planner's pilot and targets (verdict.plan)
     seeds_by_size: dict = field(default_factory=dict)  # seeds: plan -> {size: seeds} from sweeps.plan
+    lr_seeds: tuple[int, ...] = ()     # the lr stage's seeds (verdict.lr.seeds; () = (lr_seed,)): mean over them
+    lr_transfer_from: str | None = None  # search lr at this size only; the other sizes reuse it (needs mup)
+    lr_extend: int = 0                 # grid points the lr stage may add beyond an edge until the best is interior
+
+    def search_seeds(self) -> tuple[int, ...]:
+        return self.lr_seeds or (self.lr_seed,)
 
     def run_overrides(self, arm: Arm, size: Size) -> list[str]:
         """The training overrides of every run of (arm, size); the user's come last and win."""
@@ -95,10 +101,11 @@ class ProtocolSpec:
                 f"trainer.budget.flops={size.budget_flops:g}", *arm.overrides, *self.overrides]
 
     def seed_list(self, size_index: int) -> list[int]:
-        """Seeds of the seeds stage: 0, 1, 2, ... skipping the lr stage's seed."""
+        """Seeds of the seeds stage: 0, 1, 2, ... skipping the lr stage's seeds."""
         n = self.seeds_largest if size_index == len(self.sizes) - 1 else self.seeds
         n = self.seeds_by_size.get(self.sizes[size_index].name, n)
-        return [s for s in range(n + 1) if s != self.lr_seed][:n]
+        skip = set(self.search_seeds())
+        return [s for s in range(n + len(skip)) if s not in skip][:n]
 
     def tags(self, arm: Arm, size: Size, stage: str) -> dict[str, str]:
         return {"verdict.protocol": self.name, "verdict.arm": arm.name, "verdict.family": arm.family,
@@ -211,12 +218,37 @@ def load_protocol(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
         seeds_largest=1 if planned else _need(v, "seeds_largest", int, "an integer >= 1"),
         lr_grid=[float(x) for x in grid], lr_seed=int(v.get("lr", {}).get("seed", 0)),
         storage=_need(v, "storage", str, "an Optuna storage URL"),
-        overrides=[*(str(o) for o in v.get("overrides") or []), *run_ov], **_statistics(v, arms, sizes))
+        overrides=[*(str(o) for o in v.get("overrides") or []), *run_ov], **_statistics(v, arms, sizes),
+        **_lr_search(v.get("lr", {}), sizes, probe))
     if planned:
         from sweeps.plan import plan_seeds
 
         p.seeds_by_size = plan_seeds(p)
     return p
+
+
+def _lr_search(lr: Mapping, sizes: list[Size], probe) -> dict:
+    """The lr stage's design: its seeds (the best lr is the one with the lowest mean over them), how far it may extend
+    the grid past an edge, and the size it searches at when the lr is transferred (issue 18: mup only)."""
+    seeds = lr.get("seeds") or []
+    if not isinstance(seeds, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise VerdictError(f"invalid verdict.lr.seeds={seeds!r}: expected distinct integer seeds, e.g. [100, 101]")
+    extend = lr.get("extend", 0)
+    if isinstance(extend, bool) or not isinstance(extend, int) or extend < 0:
+        raise VerdictError(f"invalid verdict.lr.extend={extend!r}: expected the number of grid points (>= 0) the "
+                           "search may add beyond an edge")
+    source = lr.get("transfer_from")
+    if source is not None:
+        if source not in [s.name for s in sizes]:
+            raise VerdictError(f"invalid verdict.lr.transfer_from={source!r}: choose one of the sizes "
+                               f"{[s.name for s in sizes]}")
+        if OmegaConf.select(probe, "model.parametrization", default="sp") != "mup":
+            raise VerdictError(f"invalid verdict.lr.transfer_from={source!r} with model.parametrization="
+                               f"{OmegaConf.select(probe, 'model.parametrization', default='sp')}: the lr transfers "
+                               "across widths only under mup; set model.parametrization=mup (and model.mup.base_width)"
+                               " or remove lr.transfer_from")
+    return {"lr_seeds": tuple(seeds), "lr_extend": extend, "lr_transfer_from": source}
 
 
 def _statistics(v: Mapping, arms: list[Arm], sizes: list[Size]) -> dict:
@@ -326,8 +358,13 @@ class Verdict:
         self.say(f"{len(p.arms)} arms ({', '.join(a.name for a in p.arms)}; baseline {p.baseline}) x "
                  f"{len(p.sizes)} sizes ({', '.join(s.name for s in p.sizes)}); lr grid {p.lr_grid}; "
                  f"seeds {p.seeds} ({p.seeds_largest} at {p.sizes[-1].name})")
+        source = next((s for s in p.sizes if s.name == p.lr_transfer_from), None)
+        if source is not None:
+            self.say(f"lr searched at {source.name} only (seeds {list(p.search_seeds())}, mean per lr) and reused at "
+                     "every size: model.parametrization=mup")
+            transferred = {arm.name: self.lr_stage(arm, source) for arm in p.arms}
         for i, size in enumerate(p.sizes):
-            best = {arm.name: self.lr_stage(arm, size) for arm in p.arms}
+            best = transferred if source is not None else {arm.name: self.lr_stage(arm, size) for arm in p.arms}
             for arm in p.arms:
                 done = self.seeds_stage(arm, size, best[arm.name], p.seed_list(i)) if best[arm.name] else 0
                 self.summary.append((size.name, arm.name, best[arm.name], done))
@@ -338,25 +375,54 @@ class Verdict:
         return 0 if all(lr is not None for _, _, lr, _ in self.summary) else 1
 
     def lr_stage(self, arm: Arm, size: Size) -> float | None:
-        p = self.p
-        study_name = f"{p.name}.{size.name}.{arm.name}.lr"
-        patch = {"study_name": study_name, "n_trials": len(p.lr_grid), "storage": p.storage,
-                 "mlflow_experiment": p.name, "space": {"optim.lr": {"type": "categorical", "choices": p.lr_grid}}}
-        overrides = ["sweep=verdict-lr", *p.run_overrides(arm, size), f"seed={p.lr_seed}"]
+        """The arm's best lr at this size: every (lr, seed) of the grid once, the lowest mean final val bpb over the
+        lr seeds wins (a failed run counts as +inf); while the best lies at an edge and verdict.lr.extend allows,
+        the grid grows by one point past that edge (same ratio) and the new point is run."""
+        p, grid = self.p, sorted(self.p.lr_grid)
+        ratio = grid[1] / grid[0] if len(grid) > 1 else 2.0
+        means = self._lr_points(arm, size, grid, f"{p.name}.{size.name}.{arm.name}.lr")
+        for _ in range(p.lr_extend):
+            best = min(grid, key=lambda lr: means[lr])
+            if means[best] == float("inf") or (best not in (grid[0], grid[-1]) and len(grid) > 1):
+                break
+            new = best / ratio if best == grid[0] and len(grid) > 1 else best * ratio
+            self.say(f"size {size.name} arm {arm.name}: best lr {best:g} is at the grid's edge; adding {new:g}")
+            grid = sorted([*grid, new])
+            means.update(self._lr_points(arm, size, [new], f"{p.name}.{size.name}.{arm.name}.lr+{new:g}"))
+        finite = {lr: m for lr, m in means.items() if m != float("inf")}
+        if not finite:
+            self.say(f"size {size.name} arm {arm.name}: no lr of {grid} finished; no seeds for this arm")
+            return None
+        best = min(finite, key=finite.get)
+        edge = " (at the grid's edge)" if best in (grid[0], grid[-1]) and len(grid) > 1 else ""
+        self.say(f"size {size.name} arm {arm.name}: best lr {best:g}{edge}, mean val bpb {finite[best]:.4f} over "
+                 f"seeds {list(p.search_seeds())}")
+        return float(best)
+
+    def _lr_points(self, arm: Arm, size: Size, lrs: list[float], study_name: str) -> dict[float, float]:
+        """Run (or resume) one Optuna grid study over lrs x the lr seeds; {lr: mean val bpb} (+inf if a seed failed)."""
+        p, seeds = self.p, list(self.p.search_seeds())
+        space = {"optim.lr": {"type": "categorical", "choices": lrs}}
+        if len(seeds) > 1:
+            space["seed"] = {"type": "categorical", "choices": seeds}
+        patch = {"study_name": study_name, "n_trials": len(lrs) * len(seeds), "storage": p.storage,
+                 "mlflow_experiment": p.name, "space": space}
+        fixed_seed = [f"seed={seeds[0]}"] if len(seeds) == 1 else []  # else the seed is a grid dimension
+        overrides = ["sweep=verdict-lr", *p.run_overrides(arm, size), *fixed_seed]
         sweep = Sweep(overrides, train_fn=_with_tags(self.train_fn, p.tags(arm, size, "lr")), out=self.out,
                       conf_dir=self.conf_dir, sweep_patch=patch)
         sweep.run()
-        done = [t for t in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
-        if not done:
-            self.say(f"size {size.name} arm {arm.name}: no lr of {p.lr_grid} finished; no seeds for this arm")
-            return None
-        return float(min(done, key=lambda t: t.value).params["optim.lr"])
+        values: dict[float, list[float]] = {float(lr): [] for lr in lrs}
+        for t in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            values[float(t.params["optim.lr"])].append(float(t.value))
+        return {lr: (sum(v) / len(v) if len(v) == len(seeds) else float("inf")) for lr, v in values.items()}
 
     def seeds_stage(self, arm: Arm, size: Size, lr: float, seeds: list[int]) -> int:
         from hydra import initialize_config_dir
 
         p, finished = self.p, 0
-        tags = {**p.tags(arm, size, "seeds"), "verdict.lr": f"{lr:g}"}
+        tags = {**p.tags(arm, size, "seeds"), "verdict.lr": f"{lr:g}",
+                "verdict.lr_from": p.lr_transfer_from or size.name}
         for seed in seeds:
             overrides = [*p.run_overrides(arm, size), f"optim.lr={lr:g}", f"seed={seed}"]
             with initialize_config_dir(config_dir=str(self.conf_dir), version_base="1.3", job_name="verdict"):
