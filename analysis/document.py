@@ -21,6 +21,25 @@ def margin_text(m: float) -> str:
     return f"±{m:.3g}" if np.isfinite(m) else "none"
 
 
+def fit_param(row, name: str) -> str:
+    """A fitted parameter of a scaling table row: its value, or "not identifiable (E at bound 0)" when the fit left it
+    at a bound (analysis/scaling.py); A is not identifiable when E or alpha is not."""
+    flags = [f for f in str(row.get("not_identifiable") or "").split("; ") if f]
+    mine = [f for f in flags if f.startswith(f"{name} at bound")] if name != "A" else flags
+    return f"not identifiable ({'; '.join(mine)})" if mine else sci(row[name])
+
+
+def identifiability_blocks(table) -> list:
+    """A note naming the scaling fits with a parameter at its bound (empty when every fit is identifiable)."""
+    flagged = [(r["arm"], r["not_identifiable"]) for _, r in table.iterrows()
+               if str(r.get("not_identifiable") or "") not in ("", "nan")]
+    if not flagged:
+        return []
+    return [("p", "**Not identifiable**: " + "; ".join(f"`{a}` ({why})" for a, why in flagged) + ". The least-squares "
+                  "optimum lies on a bound of the fit, so the data do not determine that parameter (any value past "
+                  "the bound fits as well); its number is not a result, and neither is an extrapolation of that law.")]
+
+
 def sci(v: float) -> str:
     """Three significant digits; ∞ for infinity, n/a for NaN."""
     if not np.isfinite(v):

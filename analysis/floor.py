@@ -17,6 +17,7 @@ import pandas as pd
 FLOOR_EXPERIMENT = "ngram-floor"
 FLOOR_METRIC = "ngram/bpb_order{n}"
 TRIGRAM = 3
+FLOOR_COMMAND = "python -m sweeps.floor experiment=NAME log=true tracking.uri=URI"
 
 
 @dataclass(frozen=True)

@@ -188,6 +188,13 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     return path
 
 
+def fit_label(fit) -> str:
+    """E and alpha of a fit as a figure or table prints them; a parameter at its bound is named, not numbered."""
+    if fit.at_bound:
+        return "not identifiable (" + "; ".join(fit.at_bound) + f"), alpha={fit.alpha:.3g}"
+    return f"E={fit.E:.3g}, alpha={fit.alpha:.3g}"
+
+
 def scaling_figure(points: pd.DataFrame, fits: dict, styles: dict, metric: str = "final_val_loss",
                    labels: dict | None = None) -> Figure:
     """Final loss against training compute on log-log axes: one dot per run, the fitted L(C) = E + A C^-alpha of
@@ -200,7 +207,8 @@ def scaling_figure(points: pd.DataFrame, fits: dict, styles: dict, metric: str =
             continue
         name = (labels or {}).get(arm, arm)
         fit = fits.get(arm)
-        label = _wrap(f"{name}: E={fit.E:.3g}, alpha={fit.alpha:.3g}" if fit else f"{name} (no fit: < 3 sizes)")
+        fit = fit.rounded() if fit is not None else None  # draw what the report prints: the same on any CPU
+        label = _wrap(f"{name}: {fit_label(fit)}" if fit else f"{name} (no fit: < 3 sizes)")
         ax.scatter(part["compute"], part[metric], color=style["color"], s=18, alpha=0.7, linewidths=0, label=label)
         if fit is not None:
             grid = np.geomspace(part["compute"].min(), part["compute"].max(), 100)

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from analysis import scaling
-from analysis.document import margin_text, p_text, render_html, render_markdown, sci
-from analysis.floor import Floor, floor_blocks, floor_for_runs, headline
+from analysis.document import fit_param, identifiability_blocks, margin_text, p_text, render_html, render_markdown, sci
+from analysis.floor import FLOOR_COMMAND, Floor, floor_blocks, floor_for_runs, headline
 from analysis.paired import UNPAIRED, paired_blocks
 from analysis.store import AnalysisError, RunSet, display_uri
 from analysis.verdict import VERDICT_METRIC, WIDE_MARGIN, Margin, compare_pairs, resolve_margin
@@ -211,7 +211,7 @@ def verdicts(p: ProtocolRuns, margin: Margin) -> pd.DataFrame:
 
 
 VERDICT_COLUMNS = ["size", "arm", "family", "n_seeds", "seeds", "lr", "mean", "std", "params", "params_baseline",
-                   "params_differ", "delta", "ci_low", "ci_high", "p_welch", "p_holm", "p_tost", "p_tost_holm",
+                   "params_differ", "tokens", "delta", "ci_low", "ci_high", "p_welch", "p_holm", "p_tost", "p_tost_holm",
                    "tost_ci_low", "tost_ci_high", "holm_family", "holm_family_size", "margin", "verdict"]
 
 
@@ -222,6 +222,7 @@ def _row(size, arm, fam, runs: pd.DataFrame, base_params: float, m: str) -> dict
             "seeds": ";".join(str(int(s)) for s in sorted(runs["seed"].dropna())), "lr": _arm_lr(runs),
             "mean": float(vals.mean()), "std": float(vals.std(ddof=1)) if len(vals) > 1 else math.nan,
             "params": params, "params_baseline": base_params,
+            "tokens": float(runs["tokens_seen"].astype(float).median()) if len(runs) else math.nan,
             "params_differ": bool(np.isfinite(params) and np.isfinite(base_params) and params != base_params),
             "delta": math.nan, "ci_low": math.nan, "ci_high": math.nan, "p_welch": math.nan,
             "p_holm": math.nan, "p_tost": math.nan, "p_tost_holm": math.nan, "tost_ci_low": math.nan,
@@ -423,9 +424,6 @@ def _blocks(rep: ProtocolReport, lrs: pd.DataFrame, grid: list, figure, paired_r
     return b
 
 
-FLOOR_COMMAND = "python -m sweeps.floor experiment=NAME log=true tracking.uri=URI"
-
-
 def _largest_means(rep: ProtocolReport) -> pd.DataFrame:
     t = rep.verdicts
     return t[t["size"] == rep.protocol.sizes[-1]] if len(t) else t
@@ -509,13 +507,25 @@ def _verdict_blocks(rep: ProtocolReport) -> list:
                         "p (Welch)", "p (Holm)", "Holm family (m)", "p (TOST, Holm)", "verdict", "params"], rows))
     differ = table[table["params_differ"]]
     if len(differ):
-        b.append(("p", "Not parameter-matched: " + "; ".join(
-            f"`{r['arm']}` at `{r['size']}` ({r['params']:,.0f} vs {r['params_baseline']:,.0f})"
-            for _, r in differ.iterrows()) + ". Each size has one FLOP budget, so an arm with more FLOPs per token "
-            "trains on fewer tokens (and one with fewer, on more); a quality difference mixes the architecture "
-            "with its size."))
+        b.append(("p", "Not parameter-matched (each size has one FLOP budget: an arm's tokens follow from its FLOPs "
+                       "per token, not from its parameter count): " + "; ".join(
+            f"`{r['arm']}` at `{r['size']}` ({r['params']:,.0f} vs {r['params_baseline']:,.0f} parameters; "
+            + _tokens_text(r, table) + ")" for _, r in differ.iterrows())
+            + ". A quality difference mixes the architecture with its size."))
     b.append(("p", "Machine-readable: `verdicts.csv` (every number above, unrounded)."))
     return b
+
+
+def _tokens_text(r, table: pd.DataFrame) -> str:
+    """Whether an arm trained on as many tokens as the baseline at its size (from the runs' tokens_seen)."""
+    base = table[(table["size"] == r["size"]) & (table["verdict"] == "baseline")]
+    if not len(base) or not np.isfinite(r["tokens"]) or not np.isfinite(base["tokens"].iloc[0]):
+        return "tokens not recorded"
+    t, tb = r["tokens"], base["tokens"].iloc[0]
+    if t == tb:
+        return f"the same FLOPs per token and the same {t:,.0f} tokens as the baseline"
+    cost = "fewer" if t > tb else "more"
+    return f"{t:,.0f} tokens vs the baseline's {tb:,.0f}: {cost} FLOPs per token"
 
 
 def _provenance_blocks(p: ProtocolRuns, rs: RunSet) -> list:
@@ -599,11 +609,13 @@ def _scaling_blocks(p: ProtocolRuns, sc: ScalingResult, figure) -> list:
     rows = []
     for _, r in sc.table.iterrows():
         mult = "baseline" if r["is_baseline"] else (
-            f"{sci(r['multiplier'])} [{sci(r['multiplier_ci_low'])}, {sci(r['multiplier_ci_high'])}]")
+            f"{sci(r['multiplier'])} [{sci(r['multiplier_ci_low'])}, {sci(r['multiplier_ci_high'])}]"
+            if np.isfinite(r["multiplier"]) or r["multiplier"] == np.inf else "n/a (baseline law not identifiable)")
         test = "n/a" if not np.isfinite(r["E"]) else (
             "interpolates (not tested)" if r["n_levels"] <= 3 else f"{int(r['n_levels']) - 3} level(s) to spare")
-        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), sci(r["E"]), sci(r["A"]),
-                     sci(r["alpha"]), test, sci(r["compute_top"]), _f(r["loss_top"]), mult])
+        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), fit_param(r, "E"),
+                     fit_param(r, "A"),
+                     fit_param(r, "alpha"), test, sci(r["compute_top"]), _f(r["loss_top"]), mult])
     b.append(("table", ["arm", "runs", "compute levels", "E", "A", "alpha", "law", "largest compute (FLOPs)",
                         "mean loss there", "compute multiplier [95% CI]"], rows))
     exact = [r.arm for r in sc.table.itertuples() if np.isfinite(r.E) and r.n_levels <= 3]
@@ -613,6 +625,7 @@ def _scaling_blocks(p: ProtocolRuns, sc: ScalingResult, figure) -> list:
                        "E, A, alpha), so the fit can pass through the mean loss at every level whatever the true "
                        "curve; E, alpha and any extrapolation beyond the ladder are not supported by these runs. "
                        "A fourth size would be the first test of the law."))
+    b.extend(identifiability_blocks(sc.table))
     b.append(("p", "Machine-readable: `scaling.csv` (fits, multipliers), `scaling_points.csv` (one row per run)."))
     return b
 

@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 
 from analysis import context, protocol, scaling
-from analysis.document import margin_text, p_text, render_html, render_markdown, sci
+from analysis.document import fit_param, identifiability_blocks, margin_text, p_text, render_html, render_markdown, sci
+from analysis.floor import FLOOR_COMMAND, Floor, floor_blocks, floor_for_runs, headline
 from analysis.paired import UNPAIRED, load_paired, paired_blocks
 from analysis.plots import loss_curves_figure, quality_figure, save_figure, scaling_figure, variant_styles
 from analysis.stats import COMPARE_METRICS, FRONTIERS, SUMMARY_METRICS, variant_table
@@ -78,6 +79,7 @@ class Report:
     paired: dict | None = None  # a measurement of python -m ablations.paired (--paired FILE)
     paired_path: str | None = None
     command_args: list = field(default_factory=list)  # options to repeat in the Regenerate command
+    floor: Floor | None = None  # the n-gram floor of the runs' data (analysis/floor.py), when the store has one
 
     @property
     def exit_code(self) -> int:
@@ -337,6 +339,7 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
     report = Report(out=out, runset=runset, baseline=baseline, table=table, left_out=left_out, labels=data.labels,
                     shared=data.shared, margin=data.margin, paired=paired_res, paired_path=paired)
     report.scaling = scaling_analysis(data) if len(included) else None
+    report.floor = floor_for_runs(runset.tracking_uri, included)
 
     figures: dict[str, str] = {}
     if len(included):
@@ -411,6 +414,10 @@ def _blocks(report: Report, figures: dict, filter_string: str) -> list:
     inc, runs = rs.included, rs.runs
     n_left = int((report.left_out["scope"] == "report").sum()) if len(report.left_out) else 0
     b: list = [("h1", f"Ablation report: {rs.description}")]
+    if len(table):
+        best = table.loc[table["final_val_bpb_mean"].idxmin()]
+        b.extend(headline(report.floor, float(best["final_val_bpb_mean"]),
+                          f"the best variant (`{report.labels.get(best['variant'], best['variant'])}`)"))
     b.append(("p", f"MLflow tracking URI `{display_uri(rs.tracking_uri)}`; experiments: "
                    + ", ".join(f"`{e}`" for e in sorted(runs["experiment"].astype(str).unique())) + ". "
                    f"**{len(inc)}** finished runs of **{len(table)}** variants are results; "
@@ -431,6 +438,8 @@ def _blocks(report: Report, figures: dict, filter_string: str) -> list:
         b.append(("h2", "Results per variant"))
         h, r = summary_rows(table)
         b.append(("table", h, r))
+        b.extend(floor_blocks(report.floor, [(f"`{report.labels.get(v, v)}`", m) for v, m in
+                                             zip(table["variant"], table["final_val_bpb_mean"])], FLOOR_COMMAND))
         h, r = comparison_rows(table)
         if r:
             b.append(("p", "Differences to the baseline:"))
@@ -550,11 +559,14 @@ def _scaling_blocks(report: Report, figures: dict) -> list:
     rows = []
     for _, r in sc.table.iterrows():
         mult = "baseline" if r["is_baseline"] else (
-            f"{sci(r['multiplier'])} [{sci(r['multiplier_ci_low'])}, {sci(r['multiplier_ci_high'])}]")
-        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), sci(r["E"]), sci(r["A"]),
-                     sci(r["alpha"]), sci(r["compute_top"]), _fmt(r["loss_top"], "loss"), mult])
+            f"{sci(r['multiplier'])} [{sci(r['multiplier_ci_low'])}, {sci(r['multiplier_ci_high'])}]"
+            if np.isfinite(r["multiplier"]) or r["multiplier"] == np.inf else "n/a (baseline law not identifiable)")
+        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), fit_param(r, "E"),
+                     fit_param(r, "A"),
+                     fit_param(r, "alpha"), sci(r["compute_top"]), _fmt(r["loss_top"], "loss"), mult])
     b.append(("table", ["arm", "runs", "compute values", "E", "A", "alpha", "largest compute (FLOPs)",
                         "mean loss there", "compute multiplier [95% CI]"], rows))
+    b.extend(identifiability_blocks(sc.table))
     b.append(("p", "Machine-readable: `scaling.csv`."))
     return b
 
@@ -599,6 +611,8 @@ def main(argv=None) -> int:
               f"({report.margin.source})")
     if report.scaling is not None:
         print(f"scaling: {report.scaling.summary}")
+    if report.floor is not None:
+        print("n-gram floor (bpb by order): " + ", ".join(f"{n}: {v:.4f}" for n, v in report.floor.bpb.items()))
     if report.exit_code:
         print("analysis.report: no usable run (none finished with final_val_loss and final_val_bpb); the report "
               "lists what was left out", file=sys.stderr)

@@ -13,6 +13,12 @@ A itself at C ~ 1e15 would make it a 1e5-scale number that moves by orders of ma
 Compute multiplier of an arm against the baseline, at the arm's loss L reached with compute C: the compute the
 baseline's fitted law needs to reach L, divided by C (> 1: the arm gets there with less compute). When L <= E of
 the baseline, the baseline never reaches L and the multiplier is infinite.
+
+Identifiability: a parameter that ends at one of its bounds (E = 0, E = min(loss), alpha = 1e-3 or 3) is not
+determined by the data (the optimum lies on or past the bound, and which point of a flat valley the optimizer stops
+at differs between CPUs in the last digits: E = 5.28e-20 on one machine, 5.2e-20 on another). Such a fit is reported
+as "not identifiable (E at bound 0)", its parameter set to the bound, and every number printed or plotted from a fit
+is first rounded to PRINT_DIGITS significant digits, so reports regenerate byte for byte on any CPU.
 """
 from __future__ import annotations
 
@@ -31,6 +37,13 @@ ALPHA_STARTS = (0.05, 0.2, 0.5, 1.2)
 E_START_FRACTIONS = (0.0, 0.5, 0.9)
 ALPHA_BOUNDS = (1e-3, 3.0)
 MIN_LEVELS = 3  # three parameters: at least three distinct compute values
+PRINT_DIGITS = 4  # significant digits of every fitted number a report prints, writes or plots
+BOUND_TOL = 1e-6  # relative distance to a bound that counts as "at the bound"
+
+
+def round_sig(v: float, digits: int = PRINT_DIGITS) -> float:
+    """`v` rounded to `digits` significant digits (inf and NaN unchanged)."""
+    return float(f"{v:.{digits}g}") if np.isfinite(v) else float(v)
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,16 @@ class ScalingFit:
     rss: float
     n: int
     n_levels: int
+    at_bound: tuple = ()  # e.g. ("E at bound 0",): parameters the data do not determine
+
+    @property
+    def identifiable(self) -> bool:
+        return not self.at_bound
+
+    def rounded(self) -> "ScalingFit":
+        """The fit as printed: E, alpha and log A at PRINT_DIGITS significant digits (what figures draw)."""
+        return ScalingFit(round_sig(self.E), round_sig(self.log_A, PRINT_DIGITS + 2), round_sig(self.alpha),
+                          self.log_c_ref, round_sig(self.rss), self.n, self.n_levels, self.at_bound)
 
     @property
     def A(self) -> float:
@@ -98,8 +121,18 @@ def fit_scaling_law(compute, loss, start: ScalingFit | None = None) -> ScalingFi
         if best is None or res.cost < best.cost:
             best = res
     e, log_a, alpha = (float(v) for v in best.x)
+    at_bound = []
+    for name, v, lo, hi in (("E", e, lower[0], upper[0]), ("alpha", alpha, lower[2], upper[2])):
+        tol = BOUND_TOL * max(abs(hi - lo), 1e-12)
+        if v - lo <= tol or hi - v <= tol:
+            edge = lo if v - lo <= tol else hi
+            at_bound.append(f"{name} at bound {edge:.4g}")
+            if name == "E":
+                e = float(edge)
+            else:
+                alpha = float(edge)
     return ScalingFit(E=e, log_A=log_a + alpha * log_c_ref, alpha=alpha, log_c_ref=log_c_ref,
-                      rss=float(2 * best.cost), n=len(y), n_levels=levels)
+                      rss=float(2 * best.cost), n=len(y), n_levels=levels, at_bound=tuple(at_bound))
 
 
 def compute_multiplier(baseline_fit: ScalingFit, arm_loss, arm_compute) -> np.ndarray:
@@ -160,8 +193,10 @@ def scaling_table(points: pd.DataFrame, baseline_arm: str, metric: str = "final_
                   n_resamples: int = 200, seed: int = 0) -> tuple[pd.DataFrame, dict]:
     """Fits and multipliers from `points` (columns arm, seed, compute, <metric>).
 
-    Returns (table, fits): one row per arm with its fit (NaN with < 3 compute levels), its largest compute and mean
-    loss there, and the compute multiplier against the baseline arm at that point with a bootstrap CI over seeds;
+    Returns (table, fits): one row per arm with its fit (NaN with < 3 compute levels), which parameters are at a bound
+    (`not_identifiable`), its largest compute and mean loss there, and the compute multiplier against the baseline
+    arm at that point with a bootstrap CI over seeds (NaN when the baseline's fit is not identifiable); fitted
+    numbers rounded to PRINT_DIGITS significant digits;
     `fits` maps arm -> ScalingFit for the arms that could be fitted.
     """
     fits = {}
@@ -169,6 +204,8 @@ def scaling_table(points: pd.DataFrame, baseline_arm: str, metric: str = "final_
         if part["compute"].nunique() >= MIN_LEVELS:
             fits[arm] = fit_scaling_law(part["compute"], part[metric])
     base_fit = fits.get(baseline_arm)
+    if base_fit is not None and not base_fit.identifiable:  # a law the data do not determine gives no multipliers
+        base_fit = None
     base = points[points["arm"] == baseline_arm]
     base_fits = bootstrap_baseline_fits(base["compute"], base[metric], n_resamples, seed) \
         if base_fit is not None and points["arm"].nunique() > 1 else None
@@ -182,11 +219,15 @@ def scaling_table(points: pd.DataFrame, baseline_arm: str, metric: str = "final_
         row = {"arm": arm, "is_baseline": arm == baseline_arm, "n_runs": len(part),
                "n_levels": int(part["compute"].nunique()), "E": f.E if f else math.nan,
                "A": f.A if f else math.nan, "alpha": f.alpha if f else math.nan,
-               "rss": f.rss if f else math.nan, "compute_top": top, "loss_top": float(at_top.mean()),
+               "rss": f.rss if f else math.nan, "not_identifiable": "; ".join(f.at_bound) if f else "",
+               "compute_top": top, "loss_top": float(at_top.mean()),
                "multiplier": math.nan, "multiplier_ci_low": math.nan, "multiplier_ci_high": math.nan}
         if base_fit is not None and arm != baseline_arm:
             row["multiplier"] = float(compute_multiplier(base_fit, at_top.mean(), top))
             row["multiplier_ci_low"], row["multiplier_ci_high"] = bootstrap_multiplier(
                 base["compute"], base[metric], at_top, top, n_resamples=n_resamples, seed=seed, base_fits=base_fits)
-        rows.append(row)
+        rows.append({k: round_sig(v) if k in FITTED else v for k, v in row.items()})
     return pd.DataFrame(rows), fits
+
+
+FITTED = ("E", "A", "alpha", "rss", "multiplier", "multiplier_ci_low", "multiplier_ci_high")  # rounded in the table

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The context extrapolation study (issue 13): train six position schemes at context 64 (experiment=extrapolation:
 # tinyshakespeare char, small-cpu, same budget, 3 seeds), evaluate every run at 64/128/256/512 tokens in both modes
-# (non-overlapping and sliding windows), evaluate rope with each position.scaling, then write the report.
+# (non-overlapping and sliding windows), evaluate rope with each position.scaling, log the n-gram floor of the same
+# data (python -m sweeps.floor), then write the report.
 #
 #   scripts/extrapolation_study.sh            # train + evaluate into $EXTRAPOLATION_STORE/mlflow.db (default
 #                                             # study/extrapolation/), then write reports/extrapolation/report/
@@ -57,6 +58,8 @@ if [[ $report_only == 0 ]]; then
   pids=()  # (the harness tolerates two streams creating the experiment at once; the sleep makes it rare)
   for s in "${streams[@]}"; do stream "$s" & pids+=($!); sleep 20; done
   for p in "${pids[@]}"; do wait "$p"; done
+  # the n-gram floor of the same data, tokenizer and val targets, logged into the store (the report reads it)
+  python -m sweeps.floor experiment=extrapolation log=true tracking.uri="$uri"
   # a compact copy of the store (no artifacts) beside the report
   python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
     "$store/mlflow.db" "$store/mlflow.compact.db"

@@ -2,7 +2,9 @@
 # The second study (issue 14): the seeds' two swaps (learned -> rope, layernorm -> rmsnorm) and the MLP family, run
 # through the verdict protocol (conf/verdict/second-study.yaml): per size of a 3-rung ladder and per arm an lr grid
 # search (one seed), then 2 seeds at that arm's best lr (5 at the largest size), every run at the size's compute
-# budget; then the report with verdicts, scaling fits and compute multipliers.
+# budget; then the n-gram floor of the same data (python -m sweeps.floor) and the report with verdicts, the floor,
+# scaling fits and compute multipliers. The runs (made before issue 19) recorded no margin: the report tests no
+# equivalence, and its Holm family is the default, all 15 comparisons.
 #
 #   scripts/second_study.sh            # run (or continue) the protocol into study/second-study/, then the report
 #   scripts/second_study.sh --report   # only regenerate reports/second-study/ from the store; without a
@@ -20,6 +22,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 if [[ $report_only == 0 ]]; then
   (cd "$store" && python -m sweeps.verdict verdict=second-study "tracking.uri=sqlite:///$(pwd)/mlflow.db" \
     "verdict.storage=sqlite:///$(pwd)/optuna.db" trainer.enable_progress_bar=false)
+  # the n-gram floor of the same data, tokenizer and val targets, logged into the store (the report reads it)
+  python -m sweeps.floor experiment=second-study log=true "tracking.uri=sqlite:///$store/mlflow.db"
   # a compact copy of the store (no artifacts) beside the report
   python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
     "$store/mlflow.db" "$store/mlflow.compact.db"

@@ -105,10 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def log_floor(uri: str, bpb: dict, meta: dict) -> str:
     """One FINISHED run in FLOOR_EXPERIMENT with `meta` as floor.* tags and the bpb per order; returns its id."""
     from ablations.tracking import client, get_or_create_experiment
@@ -123,3 +119,7 @@ def log_floor(uri: str, bpb: dict, meta: dict) -> str:
     cl.log_batch(run.info.run_id, metrics=metrics)
     cl.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

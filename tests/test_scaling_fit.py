@@ -46,6 +46,34 @@ def test_noisy_law_is_recovered_within_tolerance():
         assert fit.n == 21 and fit.n_levels == 7
 
 
+def test_parameter_at_a_bound_is_flagged_not_identifiable():
+    c = np.logspace(12, 18, 6)
+    assert fit_scaling_law(c, law(c)).at_bound == ()  # E = 1.8 inside (0, min loss): determined
+    pinned = fit_scaling_law(c, law(c, 0.0, 50.0, 0.08))  # a pure power law: the optimum wants E <= 0
+    assert pinned.at_bound == ("E at bound 0",) and pinned.E == 0.0 and not pinned.identifiable
+    # losses that stop falling (the last rung is worse): the best E would exceed the lowest loss, its upper bound
+    flat = fit_scaling_law([1e12, 1e13, 1e14], [3.0, 2.5, 2.55])
+    assert "E at bound 2.5" in flat.at_bound and flat.E == 2.5
+    table, _ = scaling_table(pd.DataFrame({"arm": ["b"] * 6 + ["x"] * 6, "seed": 0,
+                                           "compute": np.tile(c, 2),
+                                           "final_val_loss": np.r_[law(c, 0.0, 50.0, 0.08), law(c)]}), "b")
+    b, x = table.iloc[0], table.iloc[1]
+    assert b["not_identifiable"] == "E at bound 0" and x["not_identifiable"] == ""
+    assert math.isnan(x["multiplier"])  # no multiplier against a law the data do not determine
+    from analysis.document import fit_param
+
+    assert fit_param(b, "E") == "not identifiable (E at bound 0)" and fit_param(b, "A").startswith("not identifiable")
+    assert fit_param(x, "E") == f"{x['E']:.3g}" and x["E"] == float(f"{x['E']:.4g}")  # rounded to 4 digits
+
+
+def test_rounded_fit_draws_the_printed_numbers():
+    fit = ScalingFit(E=5.28e-20, log_A=3.123456789, alpha=0.0739712345, log_c_ref=1.0, rss=0.1, n=3, n_levels=3)
+    r = fit.rounded()
+    assert (r.E, r.alpha, r.log_A) == (5.28e-20, 0.07397, 3.12346)
+    other = ScalingFit(E=5.2e-20 + 1e-30, log_A=3.1234567, alpha=0.07397123, log_c_ref=1.0, rss=0.1, n=3, n_levels=3)
+    assert other.rounded().alpha == r.alpha and other.rounded().log_A == r.log_A  # last-digit CPU noise vanishes
+
+
 def test_fit_needs_three_compute_values():
     with pytest.raises(ValueError, match=">= 3 distinct compute values; got 2"):
         fit_scaling_law([1e12, 1e12, 1e13, 1e13], [3.0, 3.1, 2.5, 2.6])
