@@ -30,10 +30,13 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from modules.options import is_int
+
+from .compose import CONF_DIR
 
 MODES = ("nonoverlap", "sliding")
 OPTIONS = ("run_id", "tracking.uri", "device", "threads", "position.scaling", "eval.contexts", "eval.mode",
@@ -92,7 +95,7 @@ def parse_args(argv: list[str]):
 
     from .errors import ConfigError
 
-    defaults = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "eval" / "default.yaml")
+    defaults = OmegaConf.load(CONF_DIR / "eval" / "default.yaml")
     for a in argv:
         if "=" not in a:
             raise ConfigError(f"argument {a!r} is not key=value: {USAGE}")
@@ -109,14 +112,14 @@ def parse_args(argv: list[str]):
         raise ConfigError(f"run_id=<MLflow run id> is required: {USAGE}")
     e = o["eval"]
     ctx = e["contexts"] if isinstance(e["contexts"], list) else [e["contexts"]]
-    if not ctx or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in ctx):
+    if not ctx or not all(is_int(c, 1) for c in ctx):
         raise ConfigError(f"eval.contexts={e['contexts']!r}: expected a list of integers >= 1, e.g. [64,128,256,512]")
     e["contexts"] = sorted(set(ctx))
     if e["mode"] not in MODES:
         raise ConfigError(f"eval.mode={e['mode']!r}: choose one of {', '.join(MODES)}")
     for key in ("stride", "max_tokens", "batch_size"):
         v = e[key]
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        if v is not None and not is_int(v, 1):
             raise ConfigError(f"eval.{key}={v!r}: expected an integer >= 1" + (" or null" if key != "batch_size" else ""))
     if e["stride"] is not None and e["mode"] != "sliding":
         raise ConfigError(f"eval.stride={e['stride']} only applies to eval.mode=sliding: drop it or set the mode")
@@ -179,7 +182,7 @@ def evaluate(o: dict, log=print) -> str | None:
 
     from .tracking import check_reachable, client, tracking_uri
 
-    uri = o["tracking"]["uri"] or os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri(None)
+    uri = o["tracking"]["uri"] or tracking_uri()  # else $MLFLOW_TRACKING_URI, else the default
     check_reachable(uri)
     if o["threads"]:
         torch.set_num_threads(int(o["threads"]))

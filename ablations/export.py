@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         from .tracking import client, tracking_uri
 
         o = parse_args(sys.argv[1:] if argv is None else argv)
-        uri = o["tracking.uri"] or os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri(None)
+        uri = o["tracking.uri"] or tracking_uri()  # else $MLFLOW_TRACKING_URI, else the default
         model, tok, _ = load_run(o["run_id"], uri)
         try:
             meta = export(model.float(), tok, o["out"])

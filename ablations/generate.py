@@ -11,11 +11,11 @@ import os
 import sys
 import tempfile
 
-from pathlib import Path
+from .compose import CONF_DIR
 
 # prompt, temperature, top_k, top_p, max_new_tokens: the `generate:` block of conf/config.yaml (also what a training
 # run samples its sample.txt with); the rest are this command's own.
-_CONF = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
+_CONF = CONF_DIR / "config.yaml"
 SAMPLING = ("prompt", "temperature", "top_k", "top_p", "max_new_tokens")
 
 
@@ -105,28 +105,53 @@ def load_run(run_id: str, uri: str, tokenizer_name: str | None = None):
     return model.eval(), tok, ck
 
 
+def sample(model, ids: list[int], max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
+           seed: int, num_samples: int = 1, autocast_dtype=None) -> list[list[int]]:
+    """`num_samples` continuations of the token ids `ids` (its last block_size), on the model's device, seeded."""
+    import torch
+
+    dev = next(model.parameters()).device
+    x = torch.tensor([ids[-model.config.block_size:]] * num_samples, dtype=torch.long, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    ctx = (torch.autocast(dev.type, dtype=autocast_dtype) if autocast_dtype is not None
+           else torch.autocast(dev.type, enabled=False))
+    with torch.no_grad(), ctx:
+        out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
+    return out.tolist()
+
+
+def sample_text(model, tok, g, autocast_dtype, seed: int) -> str:
+    """A training run's `sample.txt`: `g.max_new_tokens` tokens after `g.prompt` (the config's `generate:` block)."""
+    from .errors import TokenizerError
+
+    try:
+        ids = tok.encode(str(g.prompt)) or [tok.sep_id or 0]
+    except TokenizerError:  # a char tokenizer without the prompt's characters
+        ids = [tok.sep_id or 0]
+    (row,) = sample(model, ids, int(g.max_new_tokens), float(g.temperature),
+                    int(g.top_k) if g.get("top_k") else None, float(g.top_p) if g.get("top_p") else None, seed,
+                    autocast_dtype=autocast_dtype)
+    return tok.decode(row)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from .errors import AblationsError
 
     try:
-        import torch
-
         from .tracking import tracking_uri
 
         o = parse_args(sys.argv[1:] if argv is None else argv)
-        uri = o["tracking.uri"] or os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri(None)
+        uri = o["tracking.uri"] or tracking_uri()  # else $MLFLOW_TRACKING_URI, else the default
         model, tok, _ = load_run(o["run_id"], uri, o["tokenizer"])
         model.to(o["device"])
         ids = tok.encode(o["prompt"]) or [tok.sep_id or 0]
-        x = torch.tensor([ids[-model.config.block_size:]] * o["num_samples"], dtype=torch.long, device=o["device"])
-        gen = torch.Generator(device=o["device"]).manual_seed(o["seed"])
-        out = model.generate(x, o["max_new_tokens"], temperature=o["temperature"], top_k=o["top_k"],
-                             top_p=o["top_p"], generator=gen)
+        out = sample(model, ids, o["max_new_tokens"], o["temperature"], o["top_k"], o["top_p"], o["seed"],
+                     o["num_samples"])
     except AblationsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for i, row in enumerate(out.tolist()):
+    for i, row in enumerate(out):
         if o["num_samples"] > 1:
             print(f"--- sample {i}")
         print(tok.decode(row))

@@ -30,6 +30,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 from modules.errors import ConfigError
 
@@ -66,19 +67,13 @@ def ratio_summary(reference, arm) -> dict:
     logs = [math.log(v) for v in per_round]
     n = len(logs)
     mean = sum(logs) / n
-    out = {"ratio": math.exp(mean), "ratio_ci_low": None, "ratio_ci_high": None, "ratio_median": _median(per_round),
+    out = {"ratio": math.exp(mean), "ratio_ci_low": None, "ratio_ci_high": None, "ratio_median": median(per_round),
            "ratio_per_round": per_round}
     if n >= 2:
         sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / (n - 1))
         half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
         out.update(ratio_ci_low=math.exp(mean - half), ratio_ci_high=math.exp(mean + half))
     return out
-
-
-def _median(values) -> float:
-    v = sorted(values)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 def _compose_arms(model: str, arms: list[tuple[str, list[str]]]):
@@ -109,7 +104,7 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
     import torch
 
     from ablations.bench import BareTrainer, training_batches
-    from ablations.generation import sync
+    from ablations.inference_timing import sync
     from ablations.lit import resolve_accelerator, resolve_precision
     from modules import accounting
 
@@ -146,7 +141,7 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
     for name, overrides, mcfg, tr in trainers:
         arms_out.append({"name": name, "overrides": overrides, **accounting.param_counts(mcfg),
                          "flops_per_token": accounting.flops_per_token(mcfg), "tokens_per_sec": rates[name],
-                         "median_tokens_per_sec": _median(rates[name]), **ratio_summary(rates[ref], rates[name]),
+                         "median_tokens_per_sec": median(rates[name]), **ratio_summary(rates[ref], rates[name]),
                          "loss_last": float(tr.losses[-1])})
     return {"tool": TOOL, "version": 1, "model": model, "device": device,
             "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else cpu_model(),

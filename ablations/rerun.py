@@ -18,10 +18,10 @@ import logging
 import os
 import sys
 import tempfile
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from .compose import CONF_DIR
 from .errors import AblationsError, ConfigError, exit_code
 
 USAGE = ("usage: python -m ablations.rerun run_id=<MLflow run id> [--check] [tracking.uri=URI] "
@@ -88,7 +88,7 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         if missing and not add:
             raise ConfigError(f"{k} is not a key of the recorded config: check the spelling, or use +{k}={v} to add it")
         old = OmegaConf.select(cfg, k)
-        if isinstance(old, DictConfig) and (Path(__file__).resolve().parents[1] / "conf" / k).is_dir():
+        if isinstance(old, DictConfig) and (CONF_DIR / k).is_dir():
             raise ConfigError(f"{k}={v}: a group choice cannot be changed on a re-run of a recorded config: run "
                               f"`python -m ablations.run {k}={v} ...` instead, or override its keys ({k}.<key>=...)")
         parsed = OmegaConf.from_dotlist([f"x={v}"]).x if v != "" else ""

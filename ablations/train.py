@@ -26,7 +26,8 @@ from .checkpoints import (AtomicCheckpoint, check_compatible, final_checkpoint, 
 from .data import TokenDataModule, check_windows, prepare_data
 from .errors import (AblationsError, CheckpointError, ConfigError, DataError, DivergenceError, TokenizerError,
                      TrackingError)
-from .generation import generation_benchmark, sample_text
+from .generate import sample_text
+from .inference_timing import generation_benchmark
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
 from .metrics import MetricsCallback, measure_peak_flops
 from .progress import LineProgress, line_every, wants_lines

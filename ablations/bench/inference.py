@@ -1,12 +1,12 @@
 """Section `inference`: batch-1 prefill tokens/sec, and batch-1 greedy decode tokens/sec with and without the KV
 cache at several context lengths (`--contexts`), the cache bytes measured (and predicted), and the decode ceiling
 (read bandwidth / bytes read per token) with the fraction of it reached. The timed calls are the forward calls
-`GPT.generate` makes (ablations.generation)."""
+`GPT.generate` makes (ablations.inference_timing)."""
 from __future__ import annotations
 
 import torch
 
-from ablations.generation import decode_cached, decode_uncached, prefill
+from ablations.inference_timing import decode_cached, decode_uncached, prefill
 
 from .ceilings import bandwidth_items
 from .core import DTYPES, Bench, Figures, Section, build_model, fmt, section

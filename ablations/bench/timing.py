@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ablations.generation import sync
+from ablations.inference_timing import sync
 
 
 def interleaved(items: dict[str, Callable[[], float]], seconds: float, rounds: int, device: str = "cpu",

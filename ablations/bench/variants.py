@@ -21,7 +21,7 @@ from statistics import median
 import torch
 
 from ablations.compose import CONF_DIR
-from ablations.generation import decode_cached, prefill
+from ablations.inference_timing import decode_cached, prefill
 from modules.errors import ConfigError
 
 from .ceilings import bandwidth_bytes, bandwidth_items, gemm_item, gemm_size

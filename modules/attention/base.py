@@ -88,9 +88,8 @@ def sdpa(q, k, v, mask, dropout_p: float, scale: float | None = None):
     Every query row has at least one visible key (the GPT guarantees it), so the softmax never sees 0/0."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
         # PyTorch's CPU flash-attention kernel runs many small per-block GEMMs; in bf16 each goes through oneDNN
-        # with a high per-call cost, so it is 2-3x slower than in fp32: training fwd+bwd at short contexts and
-        # small heads (small-cpu: 62 of 160 ms per bf16 step) and decoding alike (gpt2-124m, 1000 cached tokens:
-        # 17 ms per token in bf16, 5 ms after casting the cache to fp32). Attention is a small share of the
+        # with a high per-call cost, so bf16 attention is slower than fp32 in training and decoding alike (figures:
+        # `python -m ablations.bench --inference-dtype bf16`, docs/bench.md). Attention is a small share of the
         # FLOPs, so compute it in fp32 (more accurate too) and cast the output back.
         with torch.autocast("cpu", enabled=False):
             return sdpa(q.float(), k.float(), v.float(), mask, dropout_p, scale).to(q.dtype)

@@ -3,8 +3,8 @@
     y = x / sqrt(mean(x^2) + eps) * weight
 
 Written as the four element-wise ops above, autograd keeps four activations and runs about ten kernels forward and
-backward, which made an rmsnorm model train ~5% slower than a layernorm one on CPU (and F.rms_norm is the same
-composite there). `_RMSNormFn` computes the same maths with one reduction and two multiplies forward, saves only
+backward, slower than LayerNorm's fused kernels (figures: ablations.bench --only variants; F.rms_norm is the same
+composite on CPU). `_RMSNormFn` computes the same maths with one reduction and two multiplies forward, saves only
 x and the per-row rstd, and runs its backward through PyTorch's fused LayerNorm backward kernel: that kernel, given
 mean = 0 and our rstd, computes rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight, xhat = x * rstd,
 and the weight gradient sum(dy * xhat); RMSNorm's input gradient lacks the mean(g) term (nothing is centred), so it

@@ -1,4 +1,5 @@
-"""Batch-1 generation measurements, shared by `train` (after training) and `python -m ablations.bench`.
+"""Batch-1 inference timings (prefill, decode with and without the KV cache), shared by `train` (after training)
+and `python -m ablations.bench`; sampling text is `ablations.generate`.
 
 The timed forward calls are the ones `GPT.generate` makes: a prefill that fills a fresh KV cache, then one token
 per step against it; "no cache" recomputes the whole context for every new token (generate(use_cache=False))."""
@@ -87,24 +88,3 @@ def generation_benchmark(model, prompt: torch.Tensor, decode_tokens: int, prefil
             best_nocache = min(best_nocache, decode_uncached(model, p, n_new, float("inf"), dev))
     return {"prefill_tokens_per_sec": x.size(1) / best_prefill, "decode_tokens_per_sec": 1 / best_decode,
             "decode_tokens_per_sec_nocache": 1 / best_nocache, "kv_cache_bytes_measured": nbytes}
-
-
-@torch.no_grad()
-def sample_text(model, tok, g, autocast_dtype, seed: int) -> str:
-    """The run's `sample.txt`: `g.max_new_tokens` tokens after `g.prompt`, sampled with the config's settings."""
-    from .errors import TokenizerError
-
-    try:
-        ids = tok.encode(str(g.prompt)) or [tok.sep_id or 0]
-    except TokenizerError:  # a char tokenizer without the prompt's characters
-        ids = [tok.sep_id or 0]
-    dev = next(model.parameters()).device
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    x = torch.tensor([ids[-model.config.block_size:]], dtype=torch.long, device=dev)
-    ctx = (torch.autocast(dev.type, dtype=autocast_dtype) if autocast_dtype is not None
-           else torch.autocast(dev.type, enabled=False))
-    with ctx:
-        out = model.generate(x, int(g.max_new_tokens), temperature=float(g.temperature),
-                             top_k=int(g.top_k) if g.get("top_k") else None,
-                             top_p=float(g.top_p) if g.get("top_p") else None, generator=gen)
-    return tok.decode(out[0].tolist())
