@@ -439,13 +439,38 @@ def worker_plan(workers: int | str, devices: list[str], cores: list[int]) -> lis
     return slots
 
 
+def local_cores() -> list[int]:
+    """The CPU cores this process may run on."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def start_worker(module: str, argv: list[str], slot: WorkerSlot):
+    """`python -m <module> <argv>` in the slot's environment, pinned to its cores -> the subprocess.Popen."""
+    import subprocess
+
+    def pin(cores=slot.cores):
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cores)
+
+    return subprocess.Popen([sys.executable, "-m", module, *argv], env={**os.environ, **slot.env}, preexec_fn=pin)
+
+
+def wait_workers(procs: list) -> list[int]:
+    """The exit codes of every worker. Ctrl-C reaches the workers too (one process group): they are left to end
+    their trials before the interrupt goes on."""
+    try:
+        return [p.wait() for p in procs]
+    except KeyboardInterrupt:
+        for p in procs:
+            p.wait()
+        raise
+
+
 def launch_workers(user_overrides: list[str], settings: SweepSettings, out=None) -> int:
     """Start settings.workers copies of `python -m sweeps.run` (each with sweep.workers=1) placed by worker_plan,
     wait for all, return the first non-zero exit code (0 when all succeeded)."""
-    import subprocess
-
     out = out or sys.stdout
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = local_cores()
     devices = visible_devices()
     slots = worker_plan(settings.workers, devices, cores)
     base = [o for o in user_overrides if not o.lstrip("+~").startswith("sweep.workers=")]
@@ -459,22 +484,10 @@ def launch_workers(user_overrides: list[str], settings: SweepSettings, out=None)
         extra = ["sweep.workers=1"] + ([] if user_threads else slot.overrides)
         if seed is not None:  # equal seeds would sample equal start-up points in every worker
             extra.append(f"sweep.sampler.seed={int(seed) + i}")
-        env = {**os.environ, **slot.env}
-
-        def pin(cores=slot.cores):
-            if hasattr(os, "sched_setaffinity"):
-                os.sched_setaffinity(0, cores)
-
-        procs.append(subprocess.Popen([sys.executable, "-m", "sweeps.run", *base, *extra], env=env,
-                                      preexec_fn=pin))
+        procs.append(start_worker("sweeps.run", [*base, *extra], slot))
         print(f"[sweep {settings.study_name}] worker {i}: pid {procs[-1].pid}, "
               + ", ".join(f"{k}={v}" for k, v in slot.env.items()) + f", cores {slot.cores}", file=out, flush=True)
-    try:
-        codes = [p.wait() for p in procs]
-    except KeyboardInterrupt:  # Ctrl-C reached the workers too (one process group): let them end their trials
-        for p in procs:
-            p.wait()
-        raise
+    codes = wait_workers(procs)
     print(f"[sweep {settings.study_name}] workers done, exit codes {codes}", file=out, flush=True)
     return next((c for c in codes if c), 0)
 
