@@ -1,6 +1,7 @@
 """`train(cfg)`: the single code path from a composed config to a finished, recorded MLflow run.
 
-Used by `python -m ablations.run` (one call per Hydra job) and by the sweeps (one call per trial).
+Used by `python -m ablations.run` (one call per Hydra job) and by the sweeps (one call per trial). `train` reads
+top to bottom: each step returns what it made and the later steps take it by name.
 """
 from __future__ import annotations
 
@@ -13,19 +14,22 @@ import pickle
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from modules.options import is_int
+
 from . import tracking as trk
-from .budget import budget_flops, steps_for_budget
+from .budget import budget_flops, steps_for_budget, tokens_per_step
 from .checkpoints import (AtomicCheckpoint, check_compatible, final_checkpoint, load_final_checkpoint, load_resumable,  # noqa: F401
                           save_atomic)
-from .data import TokenDataModule, check_windows, prepare_data
+from .data import TokenData, TokenDataModule, check_windows, prepare_data
 from .errors import (AblationsError, CheckpointError, ConfigError, DataError, DivergenceError, TokenizerError,
-                     TrackingError)
+                     TrackingError, one_line)
 from .generate import sample_text
 from .inference_timing import generation_benchmark
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
@@ -33,10 +37,477 @@ from .metrics import MetricsCallback, measure_peak_flops
 from .progress import LineProgress, line_every, wants_lines
 from .repro import cpu_model, derived_seed, environment_tags, seed_all
 
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from mlflow import MlflowClient
+
+    from modules.gpt import GPT
+
 __all__ = ["train", "DivergenceError", "ConfigError", "DataError", "TokenizerError", "TrackingError",
            "CheckpointError", "AblationsError", "config_hash", "load_final_checkpoint"]
 
 log = logging.getLogger("ablations")
+
+
+# ---------------------------------------------------------------------------- what the steps hand to each other
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One optimizer step: `accumulate` micro-batches of batch_size x block_size tokens on each of `world` devices."""
+    batch_size: int
+    block_size: int
+    accumulate: int
+    world: int
+
+    @property
+    def tokens(self) -> int:
+        return tokens_per_step(self.batch_size, self.block_size, self.accumulate, self.world)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Where and how the run computes: the accelerator (cpu, cuda), Lightning's precision (and why it was
+    chosen), and the dtype the trained model is evaluated in."""
+    accelerator: str
+    precision: str
+    precision_reason: str
+    infer_dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The FLOP/s that MFU is relative to (all devices together) and where it came from (configured, measured)."""
+    flops: float
+    source: str
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where the run checkpoints (`<checkpoint.dir>/<config hash[:16]>`) and the checkpoint it resumes from."""
+    config_hash: str
+    dir: Path
+    resume_from: Path | None
+
+
+@dataclass(frozen=True)
+class Run:
+    """The MLflow run being recorded, and the tags it was created with."""
+    client: MlflowClient
+    id: str
+    uri: str
+    tags: dict[str, str]
+
+
+# ------------------------------------------------------------------------------------------------ the path
+
+
+def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
+    """Train `cfg` (a composed config of conf/config.yaml) and record one MLflow run.
+
+    Returns {run_id, val_loss, val_bpb, tokens_per_sec, mfu, params, params_non_embedding,
+    kv_cache_bytes_per_token, decode_tokens_per_sec, flops_per_token, steps}.
+    Raises ConfigError / DataError / TokenizerError / TrackingError / CheckpointError (before any run is created,
+    where possible), DivergenceError on a NaN/inf loss. A run that was created is always ended: FINISHED, FAILED
+    (tag failure_reason) or, for optuna.TrialPruned, KILLED (tag pruned=true); then re-raised.
+    `tags` are added to the run; `tags["mlflow.runName"]` names it. `callbacks` are extra Lightning callbacks.
+    """
+    quiet_lightning()
+    t_start = time.time()
+    cfg, hydra_name, hydra_tags = own_config(cfg)  # a private copy: the steps below complete it
+    shape = check_config(cfg)                     # bad values fail here, before anything is built
+    set_threads(cfg.get("threads"))
+    uri = open_store(cfg)                         # an unreachable tracking store fails before any data work
+    data = load_data(cfg, shape)                  # corpus and tokenizer (cached); sets tokenizer.vocab_size
+    model = build_model(cfg)                      # seeded init; the optimizer config checked against it
+    hw = resolve_hardware(cfg)
+    peak = peak_flops(cfg, hw, shape)             # configured, or measured on this machine
+    budget = apply_budget(cfg, model, shape)      # a compute budget sets trainer.max_steps
+    accounting = count(model, hw, budget)         # params, FLOPs and KV-cache bytes per token
+    ckpt = plan_checkpoints(cfg)                  # after the budget: max_steps is part of the config hash
+    lit = build_lit_module(cfg, model, data, ckpt)
+    resumed = check_resume(ckpt, lit, data)       # the resumed checkpoint's record, or None
+    datamodule = TokenDataModule(data, shape.block_size, shape.batch_size, int(cfg.seed),
+                                 int(cfg.data.get("val_windows", 128)))
+    metrics = build_metrics(cfg, uri, data, shape, accounting, peak)
+    trainer = build_trainer(cfg, hw, ckpt, metrics, callbacks)  # a bad trainer.* value leaves nothing behind
+    run = None
+    if _env_rank() == 0:                          # DDP: rank 0 records the run
+        run_tags = tags_of_run(cfg, hydra_tags, tags, data, hw, peak, ckpt, shape)
+        run = open_run(cfg, uri, run_tags, hydra_name, resumed)
+        lit.ckpt_meta["mlflow_run_id"] = run.id  # a resumed checkpoint reopens its run
+        metrics.run_id = run.id
+        trk.start_system_metrics(cfg.tracking, uri, run.id)  # stopped by trk.terminate
+    try:
+        if run is not None:
+            log_run_start(cfg, run, model, accounting, hw, peak, ckpt, resumed is not None)
+        fit(cfg, trainer, lit, datamodule, ckpt)
+        if run is None:
+            return {"run_id": None}
+        result = after_training(cfg, run, trained_model(lit, hw), data, hw, accounting, steps_done(trainer, run))
+        run.client.set_tag(run.id, "wall_sec", f"{time.time() - t_start:.1f}")
+        trk.terminate(run.client, run.id, "FINISHED")
+        return result
+    except BaseException as e:
+        end_run_on_error(run, e)
+        raise
+
+
+# ------------------------------------------------------------------------------------- before any run exists
+
+
+def own_config(cfg: DictConfig) -> tuple[DictConfig, str | None, dict]:
+    """A mutable copy of `cfg` without its `hydra` node, and the run name and tags Hydra's job gives it."""
+    cfg = cfg.copy()
+    OmegaConf.set_struct(cfg, False)
+    name, hydra_tags = trk.hydra_info(cfg)
+    if "hydra" in cfg:
+        cfg.pop("hydra")
+    return cfg, name, hydra_tags
+
+
+def check_config(cfg: DictConfig) -> StepShape:
+    """The harness's own keys checked (the model's keys are checked by modules.config); returns the shape of an
+    optimizer step they give."""
+    t = cfg.trainer
+    ms = t.get("max_steps")
+    if not is_int(ms, 1):
+        raise ConfigError(f"trainer.max_steps={ms} must be a positive integer (optimizer steps), e.g. 2000")
+    bs = cfg.data.get("batch_size")
+    if not is_int(bs, 1):
+        raise ConfigError(f"data.batch_size={bs} must be a positive integer, e.g. 32")
+    acc = t.get("accumulate_grad_batches", 1)
+    if not is_int(acc, 1):
+        raise ConfigError(f"trainer.accumulate_grad_batches={acc} must be a positive integer")
+    lr = cfg.optim.get("lr")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (lr > 0 and math.isfinite(lr)):
+        raise ConfigError(f"optim.lr={lr} must be a positive number, e.g. 3e-3")
+    if cfg.get("resume") not in (None, "auto") and not isinstance(cfg.get("resume"), str):
+        raise ConfigError(f"resume={cfg.get('resume')!r}: use resume=auto, resume=PATH_TO_CKPT, or leave it null")
+    if cfg.get("compile") not in (True, False):
+        raise ConfigError(f"compile={cfg.get('compile')!r} must be true or false")
+    devices = t.get("devices", 1)
+    n_dev = devices if isinstance(devices, int) and devices > 0 else 1  # "auto", a list of ids: one per node
+    return StepShape(bs, int(cfg.model.block_size), acc, n_dev * int(t.get("num_nodes", 1)))
+
+
+def set_threads(threads) -> None:
+    """Intra-op threads of this process (also the sweeps' in-process trials); None keeps torch's default."""
+    if threads is None:
+        return
+    n = int(threads) if isinstance(threads, str) and threads.isdigit() else threads  # ${oc.env:...} is a string
+    if not is_int(n, 1):
+        raise ConfigError(f"threads={threads} must be a positive integer, or null for torch's default")
+    torch.set_num_threads(n)
+
+
+def open_store(cfg: DictConfig) -> str:
+    """The tracking URI, checked reachable."""
+    uri = trk.tracking_uri(cfg)
+    trk.check_reachable(uri)
+    return uri
+
+
+def load_data(cfg: DictConfig, shape: StepShape) -> TokenData:
+    """The tokenized corpus (prepared once, cached), checked long enough for the context; completes
+    cfg.tokenizer.vocab_size from the tokenizer (the model's vocabulary interpolates it)."""
+    data = prepare_data(cfg.data, str(cfg.tokenizer.name))
+    tok = data.tokenizer
+    if cfg.tokenizer.get("vocab_size") is None:
+        cfg.tokenizer.vocab_size = tok.vocab_size
+    elif int(cfg.tokenizer.vocab_size) != tok.vocab_size:
+        raise ConfigError(f"tokenizer.vocab_size={cfg.tokenizer.vocab_size} but tokenizer {tok.name} has "
+                          f"{tok.vocab_size} ids: leave tokenizer.vocab_size at its default")
+    check_windows(data, shape.block_size)
+    return data
+
+
+def build_model(cfg: DictConfig) -> GPT:
+    """The GPT of `cfg.model` (Hydra's `_target_` keys are ignored), validated by modules.config, initialised
+    from the seed alone (see ablations.repro); the optimizer config is checked against its parameter roles."""
+    from modules.gpt import GPT
+
+    seed_all(int(cfg.seed))
+    try:
+        model = GPT.from_config(OmegaConf.to_container(cfg.model, resolve=True))
+    except ValueError as e:  # ConfigError (a ValueError): names the field, its value and what would be valid
+        raise ConfigError(f"model: {e}") from None
+    return model
+
+
+def resolve_hardware(cfg: DictConfig) -> Hardware:
+    accel = resolve_accelerator(cfg.trainer.get("accelerator", "auto"))
+    if accel == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.accelerator={cfg.trainer.get('accelerator')} but no CUDA device is available: "
+                          f"use trainer.accelerator=auto or cpu")
+    precision, why = resolve_precision(cfg.trainer.get("precision", "auto"), accel)
+    infer = torch.bfloat16 if precision.startswith("bf16") else \
+        (torch.float16 if precision.startswith("16") else torch.float32)
+    return Hardware(accel, precision, why, infer)
+
+
+def peak_flops(cfg: DictConfig, hw: Hardware, shape: StepShape) -> Peak:
+    """tracking.peak_flops, else the dense matmul peak measured here in the inference dtype; on CUDA, times the
+    devices (one CPU's cores are measured together)."""
+    if cfg.tracking.get("peak_flops"):
+        peak, source = float(cfg.tracking.peak_flops), "configured"
+    else:
+        peak, source = measure_peak_flops("cuda" if hw.accelerator == "cuda" else "cpu", hw.infer_dtype), "measured"
+    return Peak(peak * (shape.world if hw.accelerator == "cuda" else 1), source)
+
+
+def apply_budget(cfg: DictConfig, model: GPT, shape: StepShape) -> float | None:
+    """trainer.budget.flops / tokens_per_param -> trainer.max_steps from this model's own FLOPs per token, so arms
+    and sizes are compared at matched compute (ablations/budget.py). Returns the budget in FLOPs (None: none)."""
+    flops = budget_flops(cfg.trainer.get("budget"), model.config)
+    if flops is not None:
+        cfg.trainer.max_steps = steps_for_budget(flops, model.config, shape.batch_size, shape.accumulate,
+                                                 shape.world)
+    return flops
+
+
+def count(model: GPT, hw: Hardware, budget: float | None) -> dict:
+    """The model's accounting, logged as metrics at step 0 (and the budget, when there is one)."""
+    from modules import accounting as acc
+
+    pc = acc.param_counts(model.config)
+    out = {"params": int(pc["params"]), "params_non_embedding": int(pc["params_non_embedding"]),
+           "flops_per_token": int(acc.flops_per_token(model.config)),
+           "kv_cache_bytes_per_token": int(acc.kv_cache_bytes_per_token(model.config, dtype=hw.infer_dtype))}
+    return out if budget is None else {**out, "budget_flops": budget}
+
+
+def plan_checkpoints(cfg: DictConfig) -> CheckpointPlan:
+    """The checkpoint dir is named by the config hash; resume=auto resumes its last.ckpt if there is one."""
+    chash = config_hash(cfg)
+    ckpt_dir = Path(str(cfg.checkpoint.dir)).expanduser() / chash[:16]
+    resume, path = cfg.get("resume"), None
+    if resume == "auto":
+        if (ckpt_dir / "last.ckpt").is_file():
+            path = ckpt_dir / "last.ckpt"
+        else:
+            log.info("resume=auto: no checkpoint in %s, starting fresh", ckpt_dir)
+    elif resume:
+        path = Path(str(resume)).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"resume={resume}: no such checkpoint file: use resume=auto or an existing .ckpt path")
+    return CheckpointPlan(chash, ckpt_dir, path)
+
+
+def build_lit_module(cfg: DictConfig, model: GPT, data: TokenData, ckpt: CheckpointPlan) -> LitGPT:
+    """The LightningModule; `meta` goes into every checkpoint, to check a resume against."""
+    tok = data.tokenizer
+    meta = {"tokenizer": tok.identity(), "tokenizer_hash": tok.hash, "config_hash": ckpt.config_hash,
+            "data_fingerprint": data.fingerprint, "model_config": model.config.to_dict()}
+    lit = LitGPT(model, OmegaConf.to_container(cfg.optim, resolve=True), int(cfg.trainer.max_steps), meta)
+    if cfg.get("compile"):
+        lit.compile_model = True
+    return lit
+
+
+def check_resume(ckpt: CheckpointPlan, lit: LitGPT, data: TokenData) -> dict | None:
+    """The record of the checkpoint to resume from, checked against this model and tokenizer (None: fresh)."""
+    if ckpt.resume_from is None:
+        return None
+    ck = load_resumable(ckpt.resume_from)
+    check_compatible(ck, ckpt.resume_from, lit, data.tokenizer)
+    return ck["ablations"]
+
+
+def build_metrics(cfg: DictConfig, uri: str, data: TokenData, shape: StepShape, accounting: dict,
+                  peak: Peak) -> MetricsCallback:
+    """The callback that logs loss, throughput and MFU to the run (its id is set once the run exists)."""
+    log_every = int(cfg.tracking.get("log_every_n_steps") or cfg.trainer.get("log_every_n_steps", 10))
+    return MetricsCallback(None, uri, shape.tokens, accounting["flops_per_token"], peak.flops, log_every,
+                           data.val_tokens_per_byte, int(cfg.trainer.max_steps))
+
+
+def build_trainer(cfg: DictConfig, hw: Hardware, ckpt: CheckpointPlan, metrics: MetricsCallback,
+                  callbacks) -> pl.Trainer:
+    """Lightning's Trainer from cfg.trainer, with the harness's callbacks; a bad value is one ConfigError line."""
+    import lightning.pytorch as pl
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    ckpt_cb = AtomicCheckpoint(ckpt.dir, int(cfg.checkpoint.get("every_n_steps", 100)), metrics)
+    tk = OmegaConf.to_container(cfg.trainer, resolve=True)
+    tk["precision"] = hw.precision
+    tk.pop("budget", None)  # ours, not Lightning's: already turned into max_steps
+    if tk.get("limit_val_batches") is None:
+        tk.pop("limit_val_batches", None)
+    ours = [metrics, ckpt_cb]
+    if tk.get("enable_progress_bar", True) and wants_lines():  # a log file: lines, not a carriage-return stream
+        tk["enable_progress_bar"] = False
+        every = cfg.get("progress_every_n_steps") or line_every(int(cfg.trainer.max_steps), metrics.log_every)
+        ours.append(LineProgress(metrics, int(every), int(cfg.trainer.max_steps)))
+    tk.update(logger=False, enable_checkpointing=False, num_sanity_val_steps=0, check_val_every_n_epoch=None,
+              max_epochs=-1, enable_model_summary=False, callbacks=[*ours, *callbacks])
+    try:
+        return pl.Trainer(**tk)
+    except (TypeError, ValueError, MisconfigurationException) as e:
+        raise ConfigError(f"trainer: {str(e).splitlines()[0]}") from None
+
+
+# ------------------------------------------------------------------------------------------------- the run
+
+
+def tags_of_run(cfg: DictConfig, hydra_tags: dict, tags: dict | None, data: TokenData, hw: Hardware, peak: Peak,
+                ckpt: CheckpointPlan, shape: StepShape) -> dict[str, str]:
+    """The run's tags: Hydra's choices, the git state, what ran on what, then the caller's `tags`."""
+    import lightning.pytorch as pl
+
+    run_tags = {**hydra_tags, **trk.git_state()}
+    run_tags.update({
+        "seed": str(cfg.seed), "data_fingerprint": data.fingerprint, "tokenizer": data.tokenizer.name,
+        "tokenizer_hash": data.tokenizer.hash, "precision": hw.precision, "precision_reason": hw.precision_reason,
+        **_device_tags(hw.accelerator), "torch_version": torch.__version__, "lightning_version": pl.__version__,
+        **environment_tags(hw.accelerator), "mfu_peak_flops": f"{peak.flops:.4g}",
+        "mfu_peak_source": peak.source, "config_hash": ckpt.config_hash, "world_size": str(shape.world)})
+    run_tags.setdefault("variant", "baseline")
+    run_tags.update({k: str(v) for k, v in (tags or {}).items()})
+    return run_tags
+
+
+def open_run(cfg: DictConfig, uri: str, run_tags: dict[str, str], hydra_name: str | None,
+             resumed: dict | None) -> Run:
+    """Create the MLflow run, or reopen the resumed checkpoint's run when it lives in this store."""
+    from mlflow.exceptions import MlflowException
+
+    cl = trk.client(uri)
+    try:
+        exp_id = trk.get_or_create_experiment(cl, uri, str(cfg.tracking.experiment))
+    except MlflowException as e:
+        raise TrackingError(f"tracking.uri={uri}: cannot open experiment {cfg.tracking.experiment!r} "
+                            f"({one_line(e, 200)})") from None
+    run_tags = dict(run_tags)
+    run_name = run_tags.pop("mlflow.runName", None) or hydra_name or "default"
+    run_id, prev = None, resumed.get("mlflow_run_id") if resumed else None
+    if prev:
+        try:
+            r = cl.get_run(prev)
+            run_id = r.info.run_id if r.info.experiment_id == exp_id else None
+        except MlflowException:  # the run lives in another store: start a new one
+            run_id = None
+    if run_id:
+        cl.update_run(run_id, status="RUNNING")
+        if "failure_reason" in cl.get_run(run_id).data.tags:
+            cl.delete_tag(run_id, "failure_reason")
+        cl.set_tag(run_id, "resumed_from_step", str(resumed.get("step")))
+    else:
+        run_id = cl.create_run(exp_id, run_name=run_name, tags=run_tags).info.run_id
+    return Run(cl, run_id, uri, run_tags)
+
+
+def log_run_start(cfg: DictConfig, run: Run, model: GPT, accounting: dict, hw: Hardware, peak: Peak,
+                  ckpt: CheckpointPlan, resumed: bool) -> None:
+    """Tags (again, on a reopened run), params, the resolved config, the accounting at step 0, and run.json in
+    the checkpoint dir (which run this checkpoint belongs to); then one line on stdout."""
+    cl, run_id = run.client, run.id
+    for k, v in (run.tags.items() if resumed else []):
+        cl.set_tag(run_id, k, v)
+    trk.log_params(cl, run_id, trk.config_params(cfg))
+    # the resolved config first: a FAILED / KILLED run can be re-run too (python -m ablations.rerun)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.yaml").write_text(_config_yaml(cfg))
+        cl.log_artifact(run_id, str(Path(tmp) / "config.yaml"))
+    cl.log_batch(run_id, metrics=_metric_list(dict(accounting), 0))
+    ckpt.dir.mkdir(parents=True, exist_ok=True)
+    (ckpt.dir / "run.json").write_text(json.dumps({"run_id": run_id, "tracking_uri": run.uri,
+                                                   "config_hash": ckpt.config_hash}))
+    print(f"[ablations] run {run_id} | precision {hw.precision} ({hw.precision_reason}) | peak "
+          f"{peak.flops:.3g} FLOP/s ({peak.source}) | params {accounting['params']:,} | ckpt {ckpt.dir}",
+          flush=True)
+
+
+def fit(cfg: DictConfig, trainer: pl.Trainer, lit: LitGPT, datamodule: TokenDataModule,
+        ckpt: CheckpointPlan) -> None:
+    # the training RNG stream (dropout) depends on the seed only, not on what ran since model init
+    seed_all(derived_seed(int(cfg.seed), "fit"))
+    relay = Path(tempfile.mkdtemp(prefix="ablations-relay-")) / "error.pkl"
+    lit.error_relay = str(relay)
+    try:
+        trainer.fit(lit, datamodule=datamodule, ckpt_path=str(ckpt.resume_from) if ckpt.resume_from else None,
+                    weights_only=True)
+    except BaseException as e:  # noqa: BLE001 - re-raised, as the worker's own error where there is one
+        mapped = _unwrap_spawn_error(e, relay)
+        if mapped is not e:
+            raise mapped from None
+        raise
+    finally:
+        shutil.rmtree(relay.parent, ignore_errors=True)
+    if trainer.interrupted:
+        raise KeyboardInterrupt("training interrupted")
+
+
+# ---------------------------------------------------------------------------------------------- afterwards
+
+
+def trained_model(lit: LitGPT, hw: Hardware) -> GPT:
+    """The trained model in eval mode, on the device it trained on (Lightning's teardown leaves it on the CPU)."""
+    return lit.model.to("cuda" if hw.accelerator == "cuda" else "cpu").eval()
+
+
+def steps_done(trainer: pl.Trainer, run: Run) -> int:
+    steps = int(trainer.global_step)
+    if not steps:  # ddp_spawn: the loop ran in the workers; their last logged step is the step count
+        hist = run.client.get_metric_history(run.id, "tokens_seen")
+        steps = max((h.step for h in hist), default=0)
+    return steps
+
+
+def after_training(cfg: DictConfig, run: Run, model: GPT, data: TokenData, hw: Hardware, accounting: dict,
+                   steps: int) -> dict:
+    """The generation benchmark, a sample, the final checkpoint and the tokenizer as artifacts; returns the
+    summary `train` returns."""
+    cl, run_id, tok, block_size = run.client, run.id, data.tokenizer, model.config.block_size
+    ac_dtype = hw.infer_dtype if hw.infer_dtype != torch.float32 else None
+    toks = data.memmap()
+    prompt = torch.from_numpy(toks[data.n_train:data.n_train + block_size].astype("int64"))[None]  # (1, T)
+    g = cfg.generate
+    bench = generation_benchmark(model, prompt, int(g.bench_decode_tokens), int(g.bench_prefill_tokens),
+                                 ac_dtype, hw.infer_dtype)
+    sample = sample_text(model, tok, g, ac_dtype, int(cfg.seed))
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "config.yaml").write_text(_config_yaml(cfg))
+        (tmp / "sample.txt").write_text(sample)
+        (tmp / "tokenizer.json").write_text(json.dumps(tok.identity()))
+        final = final_checkpoint(model, model.config.to_dict(), tok, (tmp / "config.yaml").read_text(), steps,
+                                 run_id)
+        save_atomic(final, tmp / "checkpoints" / "final.ckpt")
+        for f in ("sample.txt", "tokenizer.json"):
+            cl.log_artifact(run_id, str(tmp / f))
+        cl.log_artifact(run_id, str(tmp / "checkpoints" / "final.ckpt"), artifact_path="checkpoints")
+    cl.log_batch(run_id, metrics=_metric_list(bench, steps))
+    m = cl.get_run(run_id).data.metrics
+    return {"run_id": run_id, "val_loss": m.get("final_val_loss"), "val_bpb": m.get("final_val_bpb"),
+            "tokens_per_sec": m.get("final_tokens_per_sec"), "mfu": m.get("final_mfu"),
+            "params": accounting["params"], "params_non_embedding": accounting["params_non_embedding"],
+            "kv_cache_bytes_per_token": accounting["kv_cache_bytes_per_token"],
+            "decode_tokens_per_sec": bench["decode_tokens_per_sec"],
+            "flops_per_token": accounting["flops_per_token"], "steps": steps}
+
+
+def end_run_on_error(run: Run | None, e: BaseException) -> None:
+    """Never leave the run RUNNING: KILLED for a pruned trial or an interrupt, else FAILED with the reason."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+    from mlflow.exceptions import MlflowException
+    from optuna import TrialPruned
+
+    if run is not None:
+        pruned = isinstance(e, TrialPruned)
+        interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
+        status = "KILLED" if pruned or interrupted else "FAILED"
+        reason = None if pruned else (f"interrupted ({one_line(e, 1000)})" if interrupted else one_line(e, 1000))
+        try:
+            trk.terminate(run.client, run.id, status, reason=reason,
+                          extra_tags={"pruned": "true"} if pruned else None)
+        except MlflowException as e2:
+            log.error("could not mark MLflow run %s %s: %s", run.id, status, e2)
+    if isinstance(e, SIGTERMException):  # Lightning's is a SystemExit with code 0: exit 128+SIGTERM
+        raise SystemExit(143) from e
+
+
+# ------------------------------------------------------------------------------------------------- helpers
 
 
 def _env_rank() -> int:
@@ -59,53 +530,9 @@ def config_hash(cfg: DictConfig) -> str:
     c = _container(cfg)
     c.pop("resume", None)
     c.pop("progress_every_n_steps", None)
-    for k in ("system_metrics", "system_metrics_interval"):  # how a run is watched, not what it trains
+    for k in ("system_metrics", "system_metrics_interval", "log_checkpoints"):  # how a run is watched and kept
         c.get("tracking", {}).pop(k, None)
     return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _one_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:1000]
-
-
-def _check_cfg(cfg: DictConfig) -> None:
-    t = cfg.trainer
-    ms = t.get("max_steps")
-    if isinstance(ms, bool) or not isinstance(ms, int) or ms < 1:
-        raise ConfigError(f"trainer.max_steps={ms} must be a positive integer (optimizer steps), e.g. 2000")
-    bs = cfg.data.get("batch_size")
-    if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
-        raise ConfigError(f"data.batch_size={bs} must be a positive integer, e.g. 32")
-    acc = t.get("accumulate_grad_batches", 1)
-    if isinstance(acc, bool) or not isinstance(acc, int) or acc < 1:
-        raise ConfigError(f"trainer.accumulate_grad_batches={acc} must be a positive integer")
-    lr = cfg.optim.get("lr")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (lr > 0 and math.isfinite(lr)):
-        raise ConfigError(f"optim.lr={lr} must be a positive number, e.g. 3e-3")
-    if cfg.get("resume") not in (None, "auto") and not isinstance(cfg.get("resume"), str):
-        raise ConfigError(f"resume={cfg.get('resume')!r}: use resume=auto, resume=PATH_TO_CKPT, or leave it null")
-    if cfg.get("compile") not in (True, False):
-        raise ConfigError(f"compile={cfg.get('compile')!r} must be true or false")
-
-
-def _build_model(cfg: DictConfig):
-    """The GPT of `cfg.model` (Hydra's `_target_` keys are ignored), validated by modules.config."""
-    from modules.gpt import GPT
-
-    try:
-        return GPT.from_config(OmegaConf.to_container(cfg.model, resolve=True))
-    except ValueError as e:  # ConfigError (a ValueError): names the field, its value and what would be valid
-        raise ConfigError(f"model: {e}") from None
-
-
-def _accounting(cfg_model, inference_dtype) -> dict:
-    from modules import accounting as acc
-
-    pc = acc.param_counts(cfg_model)
-    return {"params": int(pc["params"]), "params_non_embedding": int(pc["params_non_embedding"]),
-            "flops_per_token": int(acc.flops_per_token(cfg_model)),
-            "kv_cache_bytes_per_token": int(acc.kv_cache_bytes_per_token(cfg_model, dtype=inference_dtype))}
 
 
 def _unwrap_spawn_error(e: BaseException, relay: Path) -> BaseException:
@@ -123,333 +550,6 @@ def _device_tags(accel: str) -> dict:
     if accel == "cuda" and torch.cuda.is_available():
         return {"device": "cuda", "device_name": torch.cuda.get_device_name(0)}
     return {"device": accel, "device_name": cpu_model()}
-
-
-@dataclass
-class _Job:
-    """What the steps of `train` hand to each other."""
-    cfg: DictConfig
-    run_name: str | None = None
-    hydra_tags: dict = field(default_factory=dict)
-    is_main: bool = True
-    uri: str = ""
-    td: object = None  # ablations.data.TokenData
-    tok: object = None
-    block_size: int = 0
-    model: object = None
-    model_dict: dict = field(default_factory=dict)
-    accel: str = "cpu"
-    precision: str = ""
-    precision_why: str = ""
-    infer_dtype: torch.dtype = torch.float32
-    acct: dict = field(default_factory=dict)
-    peak_total: float = 0.0
-    peak_src: str = ""
-    world: int = 1
-    chash: str = ""
-    ckpt_dir: Path | None = None
-    ckpt_path: Path | None = None
-    resume_meta: dict | None = None
-    lit: object = None
-    trainer: object = None
-    dm: object = None
-    metrics_cb: object = None
-    cl: object = None
-    run_id: str | None = None
-    run_tags: dict = field(default_factory=dict)
-
-
-def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
-    """Train `cfg` (a composed config of conf/config.yaml) and record one MLflow run.
-
-    Returns {run_id, val_loss, val_bpb, tokens_per_sec, mfu, params, params_non_embedding,
-    kv_cache_bytes_per_token, decode_tokens_per_sec, flops_per_token, steps}.
-    Raises ConfigError / DataError / TokenizerError / TrackingError / CheckpointError (before any run is created,
-    where possible), DivergenceError on a NaN/inf loss. A run that was created is always ended: FINISHED, FAILED
-    (tag failure_reason) or, for optuna.TrialPruned, KILLED (tag pruned=true); then re-raised.
-    `tags` are added to the run; `tags["mlflow.runName"]` names it. `callbacks` are extra Lightning callbacks.
-    """
-    quiet_lightning()
-    t_start = time.time()
-    job = _compose(cfg)                 # 1. the config, checked; threads; the tracking store reachable
-    _data(job)                          # 2. corpus and tokenizer (cached)
-    _model(job)                         # 3. the model, its precision, accounting and peak FLOP/s
-    _budget(job)                        # 3b. a compute budget (trainer.budget) sets trainer.max_steps
-    _resume(job)                        # 4. checkpoint dir; the checkpoint to resume from, checked
-    _trainer(job, callbacks)            # 5. the Lightning Trainer (a bad trainer.* value leaves nothing behind)
-    if job.is_main:
-        _open_run(job, tags)            # 6. the MLflow run (rank 0 only)
-    try:
-        if job.is_main:
-            _log_run_start(job)
-        _fit(job)                       # 7. training
-        if not job.is_main:
-            return {"run_id": None}
-        result = _after_training(job)   # 8. generation benchmark, sample, artifacts, summaries
-        job.cl.set_tag(job.run_id, "wall_sec", f"{time.time() - t_start:.1f}")
-        trk.terminate(job.cl, job.run_id, "FINISHED")
-        return result
-    except BaseException as e:
-        _end_run_on_error(job, e)
-        raise
-
-
-def _compose(cfg: DictConfig) -> _Job:
-    cfg = cfg.copy()
-    OmegaConf.set_struct(cfg, False)
-    name_from_hydra, hydra_tags = trk.hydra_info(cfg)
-    if "hydra" in cfg:
-        cfg.pop("hydra")
-    _check_cfg(cfg)
-    threads = cfg.get("threads")
-    if threads is not None:  # intra-op threads of this process (also the sweeps' in-process trials)
-        if not str(threads).isdigit() or int(threads) < 1:
-            raise ConfigError(f"threads={threads} must be a positive integer, or null for torch's default")
-        torch.set_num_threads(int(threads))
-    job = _Job(cfg=cfg, run_name=name_from_hydra, hydra_tags=hydra_tags, is_main=_env_rank() == 0)
-    # the tracking store first: an unreachable store fails before any data work or training
-    job.uri = trk.tracking_uri(cfg)
-    trk.check_reachable(job.uri)
-    return job
-
-
-def _data(job: _Job) -> None:
-    cfg = job.cfg
-    job.td = prepare_data(cfg.data, str(cfg.tokenizer.name))
-    job.tok = job.td.tokenizer
-    if cfg.tokenizer.get("vocab_size") is None:
-        cfg.tokenizer.vocab_size = job.tok.vocab_size
-    elif int(cfg.tokenizer.vocab_size) != job.tok.vocab_size:
-        raise ConfigError(f"tokenizer.vocab_size={cfg.tokenizer.vocab_size} but tokenizer {job.tok.name} has "
-                          f"{job.tok.vocab_size} ids: leave tokenizer.vocab_size at its default")
-    job.block_size = int(cfg.model.block_size)
-    check_windows(job.td, job.block_size)
-
-
-def _model(job: _Job) -> None:
-    cfg = job.cfg
-    seed_all(int(cfg.seed))  # model init depends on the seed only (see ablations.repro)
-    job.model = _build_model(cfg)
-    job.model_dict = job.model.config.to_dict()  # the complete, validated config: GPT.from_config rebuilds it
-    job.accel = accel = resolve_accelerator(cfg.trainer.get("accelerator", "auto"))
-    if accel == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.accelerator={cfg.trainer.get('accelerator')} but no CUDA device is available: "
-                          f"use trainer.accelerator=auto or cpu")
-    job.precision, job.precision_why = resolve_precision(cfg.trainer.get("precision", "auto"), accel)
-    bf16 = job.precision.startswith("bf16")
-    job.infer_dtype = torch.bfloat16 if bf16 else (torch.float16 if job.precision.startswith("16") else torch.float32)
-    job.acct = _accounting(job.model.config, job.infer_dtype)
-    if cfg.tracking.get("peak_flops"):
-        peak, job.peak_src = float(cfg.tracking.peak_flops), "configured"
-    else:
-        dev = "cuda" if accel == "cuda" else "cpu"
-        peak, job.peak_src = measure_peak_flops(dev, job.infer_dtype), "measured"
-    devices = cfg.trainer.get("devices", 1)
-    n_dev = devices if isinstance(devices, int) and devices > 0 else 1
-    job.world = n_dev * int(cfg.trainer.get("num_nodes", 1))
-    job.peak_total = peak * (job.world if accel == "cuda" else 1)
-
-
-def _budget(job: _Job) -> None:
-    """trainer.budget.flops / tokens_per_param -> trainer.max_steps from this model's own FLOPs per token, so arms
-    and sizes are compared at matched compute (ablations/budget.py); logged as the metric budget_flops."""
-    cfg = job.cfg
-    flops = budget_flops(cfg.trainer.get("budget"), job.model.config)
-    if flops is None:
-        return
-    accum = int(cfg.trainer.get("accumulate_grad_batches", 1))
-    cfg.trainer.max_steps = steps_for_budget(flops, job.model.config, int(cfg.data.batch_size), accum, job.world)
-    job.acct["budget_flops"] = flops
-
-
-def _resume(job: _Job) -> None:
-    cfg = job.cfg
-    job.chash = config_hash(cfg)
-    job.ckpt_dir = Path(str(cfg.checkpoint.dir)).expanduser() / job.chash[:16]
-    lit_meta = {"tokenizer": job.tok.identity(), "tokenizer_hash": job.tok.hash, "config_hash": job.chash,
-                "data_fingerprint": job.td.fingerprint, "model_config": job.model_dict}
-    job.lit = LitGPT(job.model, OmegaConf.to_container(cfg.optim, resolve=True), int(cfg.trainer.max_steps), lit_meta)
-    resume = cfg.get("resume")
-    if resume == "auto":
-        if (job.ckpt_dir / "last.ckpt").is_file():
-            job.ckpt_path = job.ckpt_dir / "last.ckpt"
-        else:
-            log.info("resume=auto: no checkpoint in %s, starting fresh", job.ckpt_dir)
-    elif resume:
-        job.ckpt_path = Path(str(resume)).expanduser()
-        if not job.ckpt_path.is_file():
-            raise ConfigError(f"resume={resume}: no such checkpoint file: use resume=auto or an existing .ckpt path")
-    if job.ckpt_path is not None:
-        ck = load_resumable(job.ckpt_path)
-        check_compatible(ck, job.ckpt_path, job.lit, job.tok)
-        job.resume_meta = ck["ablations"]
-
-
-def _trainer(job: _Job, callbacks) -> None:
-    import lightning.pytorch as pl
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    cfg = job.cfg
-    job.dm = TokenDataModule(job.td, job.block_size, int(cfg.data.batch_size), int(cfg.seed),
-                             int(cfg.data.get("val_windows", 128)))
-    accum = int(cfg.trainer.get("accumulate_grad_batches", 1))
-    tokens_per_step = int(cfg.data.batch_size) * job.block_size * accum * job.world
-    job.metrics_cb = MetricsCallback(None, job.uri, tokens_per_step, job.acct["flops_per_token"], job.peak_total,
-                                     int(cfg.tracking.get("log_every_n_steps") or cfg.trainer.get("log_every_n_steps", 10)),
-                                     job.td.val_tokens_per_byte, int(cfg.trainer.max_steps))
-    ckpt_cb = AtomicCheckpoint(job.ckpt_dir, int(cfg.checkpoint.get("every_n_steps", 100)), job.metrics_cb)
-    tk = OmegaConf.to_container(cfg.trainer, resolve=True)
-    tk["precision"] = job.precision
-    tk.pop("budget", None)  # ours, not Lightning's: already turned into max_steps
-    if tk.get("limit_val_batches") is None:
-        tk.pop("limit_val_batches", None)
-    ours = [job.metrics_cb, ckpt_cb]
-    if tk.get("enable_progress_bar", True) and wants_lines():  # a log file: lines, not a carriage-return stream
-        tk["enable_progress_bar"] = False
-        every = cfg.get("progress_every_n_steps") or line_every(int(cfg.trainer.max_steps), job.metrics_cb.log_every)
-        ours.append(LineProgress(job.metrics_cb, int(every), int(cfg.trainer.max_steps)))
-    tk.update(logger=False, enable_checkpointing=False, num_sanity_val_steps=0, check_val_every_n_epoch=None,
-              max_epochs=-1, enable_model_summary=False, callbacks=[*ours, *callbacks])
-    if cfg.get("compile"):
-        job.lit.compile_model = True
-    try:
-        job.trainer = pl.Trainer(**tk)
-    except (TypeError, ValueError, MisconfigurationException) as e:
-        raise ConfigError(f"trainer: {str(e).splitlines()[0]}") from None
-
-
-def _open_run(job: _Job, tags: dict | None) -> None:
-    """Create the MLflow run, or reopen the resumed checkpoint's run when it lives in this store."""
-    import lightning.pytorch as pl
-    from mlflow.exceptions import MlflowException
-
-    cfg = job.cfg
-    job.cl = cl = trk.client(job.uri)
-    try:
-        exp_id = trk.get_or_create_experiment(cl, job.uri, str(cfg.tracking.experiment))
-    except MlflowException as e:
-        raise TrackingError(f"tracking.uri={job.uri}: cannot open experiment {cfg.tracking.experiment!r} "
-                            f"({_one_line(e)[:200]})") from None
-    run_tags = {**job.hydra_tags, **trk.git_state()}
-    run_tags.update({
-        "seed": str(cfg.seed), "data_fingerprint": job.td.fingerprint, "tokenizer": job.tok.name,
-        "tokenizer_hash": job.tok.hash, "precision": job.precision, "precision_reason": job.precision_why,
-        **_device_tags(job.accel), "torch_version": torch.__version__, "lightning_version": pl.__version__,
-        **environment_tags(job.accel), "mfu_peak_flops": f"{job.peak_total:.4g}",
-        "mfu_peak_source": job.peak_src, "config_hash": job.chash, "world_size": str(job.world)})
-    run_tags.setdefault("variant", "baseline")
-    run_tags.update({k: str(v) for k, v in (tags or {}).items()})
-    run_name = run_tags.pop("mlflow.runName", None) or job.run_name or "default"
-    job.run_tags = run_tags
-    prev = job.resume_meta.get("mlflow_run_id") if job.resume_meta else None
-    if prev:
-        try:
-            r = cl.get_run(prev)
-            job.run_id = r.info.run_id if r.info.experiment_id == exp_id else None
-        except MlflowException:  # the run lives in another store: start a new one
-            job.run_id = None
-    if job.run_id:
-        cl.update_run(job.run_id, status="RUNNING")
-        if "failure_reason" in cl.get_run(job.run_id).data.tags:
-            cl.delete_tag(job.run_id, "failure_reason")
-        cl.set_tag(job.run_id, "resumed_from_step", str(job.resume_meta.get("step")))
-    else:
-        job.run_id = cl.create_run(exp_id, run_name=run_name, tags=run_tags).info.run_id
-    job.lit.ckpt_meta["mlflow_run_id"] = job.run_id
-    job.metrics_cb.run_id = job.run_id
-    trk.start_system_metrics(cfg.tracking, job.uri, job.run_id)  # stopped by trk.terminate
-
-
-def _log_run_start(job: _Job) -> None:
-    cfg, cl, run_id = job.cfg, job.cl, job.run_id
-    for k, v in (job.run_tags.items() if job.resume_meta else []):
-        cl.set_tag(run_id, k, v)
-    trk.log_params(cl, run_id, trk.config_params(cfg))
-    # the resolved config first: a FAILED / KILLED run can be re-run too (python -m ablations.rerun)
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "config.yaml").write_text(_config_yaml(cfg))
-        cl.log_artifact(run_id, str(Path(tmp) / "config.yaml"))
-    cl.log_batch(run_id, metrics=_metric_list(dict(job.acct), 0))
-    job.ckpt_dir.mkdir(parents=True, exist_ok=True)
-    (job.ckpt_dir / "run.json").write_text(json.dumps({"run_id": run_id, "tracking_uri": job.uri,
-                                                       "config_hash": job.chash}))
-    print(f"[ablations] run {run_id} | precision {job.precision} ({job.precision_why}) | peak "
-          f"{job.peak_total:.3g} FLOP/s ({job.peak_src}) | params {job.acct['params']:,} | ckpt {job.ckpt_dir}",
-          flush=True)
-
-
-def _fit(job: _Job) -> None:
-    # the training RNG stream (dropout) depends on the seed only, not on what ran since model init
-    seed_all(derived_seed(int(job.cfg.seed), "fit"))
-    relay = Path(tempfile.mkdtemp(prefix="ablations-relay-")) / "error.pkl"
-    job.lit.error_relay = str(relay)
-    try:
-        job.trainer.fit(job.lit, datamodule=job.dm, ckpt_path=str(job.ckpt_path) if job.ckpt_path else None,
-                        weights_only=True)
-    except BaseException as e:  # noqa: BLE001 - re-raised, as the worker's own error where there is one
-        mapped = _unwrap_spawn_error(e, relay)
-        if mapped is not e:
-            raise mapped from None
-        raise
-    finally:
-        shutil.rmtree(relay.parent, ignore_errors=True)
-    if job.trainer.interrupted:
-        raise KeyboardInterrupt("training interrupted")
-
-
-def _after_training(job: _Job) -> dict:
-    cfg, cl, run_id, tok, td = job.cfg, job.cl, job.run_id, job.tok, job.td
-    model = job.lit.model.to("cuda" if job.accel == "cuda" else "cpu")  # Lightning's teardown leaves it on CPU
-    model.eval()
-    ac_dtype = job.infer_dtype if job.infer_dtype != torch.float32 else None
-    toks = td.memmap()
-    prompt = torch.from_numpy(toks[td.n_train:td.n_train + job.block_size].astype("int64"))[None]  # (1, T)
-    g = cfg.generate
-    bench = generation_benchmark(model, prompt, int(g.bench_decode_tokens), int(g.bench_prefill_tokens),
-                                 ac_dtype, job.infer_dtype)
-    sample = sample_text(model, tok, g, ac_dtype, int(cfg.seed))
-    steps = int(job.trainer.global_step)
-    if not steps:  # ddp_spawn: the loop ran in the workers; their last logged step is the step count
-        hist = cl.get_metric_history(run_id, "tokens_seen")
-        steps = max((h.step for h in hist), default=0)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        (tmp / "config.yaml").write_text(_config_yaml(cfg))
-        (tmp / "sample.txt").write_text(sample)
-        (tmp / "tokenizer.json").write_text(json.dumps(tok.identity()))
-        final = final_checkpoint(model, job.model_dict, tok, (tmp / "config.yaml").read_text(), steps, run_id)
-        save_atomic(final, tmp / "checkpoints" / "final.ckpt")
-        for f in ("sample.txt", "tokenizer.json"):
-            cl.log_artifact(run_id, str(tmp / f))
-        cl.log_artifact(run_id, str(tmp / "checkpoints" / "final.ckpt"), artifact_path="checkpoints")
-    cl.log_batch(run_id, metrics=_metric_list(bench, steps))
-    m = cl.get_run(run_id).data.metrics
-    acct = job.acct
-    return {"run_id": run_id, "val_loss": m.get("final_val_loss"), "val_bpb": m.get("final_val_bpb"),
-            "tokens_per_sec": m.get("final_tokens_per_sec"), "mfu": m.get("final_mfu"),
-            "params": acct["params"], "params_non_embedding": acct["params_non_embedding"],
-            "kv_cache_bytes_per_token": acct["kv_cache_bytes_per_token"],
-            "decode_tokens_per_sec": bench["decode_tokens_per_sec"],
-            "flops_per_token": acct["flops_per_token"], "steps": steps}
-
-
-def _end_run_on_error(job: _Job, e: BaseException) -> None:
-    """Never leave the run RUNNING: KILLED for a pruned trial or an interrupt, else FAILED with the reason."""
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-    from mlflow.exceptions import MlflowException
-    from optuna import TrialPruned
-
-    if job.cl is not None and job.run_id is not None:
-        pruned = isinstance(e, TrialPruned)
-        interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
-        status = "KILLED" if pruned or interrupted else "FAILED"
-        reason = None if pruned else (f"interrupted ({_one_line(e)})" if interrupted else _one_line(e))
-        try:
-            trk.terminate(job.cl, job.run_id, status, reason=reason, extra_tags={"pruned": "true"} if pruned else None)
-        except MlflowException as e2:
-            log.error("could not mark MLflow run %s %s: %s", job.run_id, status, e2)
-    if isinstance(e, SIGTERMException):  # Lightning's is a SystemExit with code 0: exit 128+SIGTERM
-        raise SystemExit(143) from e
 
 
 def _config_yaml(cfg: DictConfig) -> str:
