@@ -54,6 +54,7 @@ def _facts(model) -> dict:
         "attention.latent_norm": bool(getattr(c.attention, "latent_norm", False)),
         "position.scaling": (getattr(c.position, "scaling", None) or {}).get("name"),
         "hidden": mlp.c_proj.in_features, "n_embd": c.n_embd, "head_size": c.n_embd // c.n_head,
+        "parametrization": c.parametrization,  # mup's logit and attention multipliers have no HF config key
     }
     if hasattr(attn, "c_attn"):
         f["n_kv_head"] = c.n_kv_head
@@ -80,7 +81,8 @@ def _needs(f: dict, **want) -> list[str]:
     return out
 
 
-PRE = dict(norm__placement="pre", position__scaling=None)  # rope's context scaling is not exported (yet)
+PRE = dict(norm__placement="pre", position__scaling=None,  # rope's context scaling is not exported (yet)
+           parametrization="sp")
 ARCHS = {
     "GPT-2": lambda f: _needs(f, position="learned", norm="layernorm", norm__qk_norm=False, mlp="gelu",
                               mlp__approximate="tanh", attention="mha", **PRE),

@@ -33,6 +33,7 @@ from .errors import (AblationsError, CheckpointError, ConfigError, DataError, Di
 from .generate import sample_text
 from .inference_timing import generation_benchmark
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
+from .optim import run_params
 from .metrics import MetricsCallback, measure_peak_flops
 from .progress import LineProgress, line_every, wants_lines
 from .repro import cpu_model, derived_seed, environment_tags, seed_all
@@ -232,6 +233,7 @@ def build_model(cfg: DictConfig) -> GPT:
         model = GPT.from_config(OmegaConf.to_container(cfg.model, resolve=True))
     except ValueError as e:  # ConfigError (a ValueError): names the field, its value and what would be valid
         raise ConfigError(f"model: {e}") from None
+    run_params(model, cfg.optim)  # the optimizer config checked against the model's roles, before any run
     return model
 
 
@@ -405,6 +407,7 @@ def log_run_start(cfg: DictConfig, run: Run, model: GPT, accounting: dict, hw: H
     for k, v in (run.tags.items() if resumed else []):
         cl.set_tag(run_id, k, v)
     trk.log_params(cl, run_id, trk.config_params(cfg))
+    trk.log_params(cl, run_id, run_params(model, cfg.optim))  # optimizer, parameter groups, parametrization
     # the resolved config first: a FAILED / KILLED run can be re-run too (python -m ablations.rerun)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.yaml").write_text(_config_yaml(cfg))

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
-from modules.options import VariantOptions, check_bool, check_int, check_number, fail
+from modules.options import VariantOptions, check_bool, check_choice, check_int, check_number, fail
+from modules.parametrization import PARAMETRIZATIONS, MupOptions, check_mup
 from modules.registry import FAMILIES, names, variant
 
 DEFAULTS = {"position": "learned", "norm": "layernorm", "mlp": "gelu", "attention": "mha"}
@@ -42,6 +43,20 @@ def _family_options(family: str, value) -> VariantOptions:
     return options(**d)
 
 
+def _mup_options(value) -> MupOptions:
+    if value is None:
+        return MupOptions()
+    if isinstance(value, MupOptions):
+        return value
+    if not isinstance(value, Mapping):
+        fail("mup", value, "expected a mapping like {base_width: 64}")
+    d = {str(k): v for k, v in value.items()}
+    unknown = sorted(set(d) - {f.name for f in fields(MupOptions)})
+    if unknown:
+        fail(f"mup.{unknown[0]}", d[unknown[0]], "unknown key; the only key is base_width")
+    return MupOptions(**d)
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int
@@ -56,6 +71,8 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False
     tie_weights: bool = True
+    parametrization: str = "sp"  # sp: GPT-2's; mup: Tensor Programs V relative to mup.base_width (parametrization.py)
+    mup: MupOptions | Mapping | None = None
 
     def __post_init__(self):
         # Families may arrive as names or dicts (Hydra with _convert_: all); make each its variant's Options.
@@ -68,9 +85,14 @@ class GPTConfig:
         check_bool("tie_weights", self.tie_weights)
         if self.n_embd % self.n_head:
             fail("n_embd", self.n_embd, f"must be divisible by n_head={self.n_head}")
-        # cross-family checks, asked of each variant (attention first: rope's check reads its rotary width)
+        check_choice("parametrization", self.parametrization, PARAMETRIZATIONS)
+        object.__setattr__(self, "mup", _mup_options(self.mup))
+        # cross-family checks, asked of each variant (attention first: rope's check reads its rotary width); a
+        # variant that cannot run under a parametrization refuses it here
         for family in ("attention", "position", "norm", "mlp"):
             self.variant(family).validate(self)
+        if self.parametrization == "mup":
+            check_mup(self)
 
     def variant(self, family: str) -> type:
         """The class of the chosen variant of a family, e.g. cfg.variant("attention")."""

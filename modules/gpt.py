@@ -15,6 +15,7 @@ from modules.cache import KVCache
 from modules.config import GPTConfig
 from modules.mlps import build_mlp
 from modules.norms import build_norm
+from modules.parametrization import base_config, output_mult, param_roles
 from modules.positions import build_position
 
 
@@ -38,11 +39,13 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, position="learned", norm="layernorm",
-                 mlp="gelu", attention="mha", dropout=0.0, bias=False, tie_weights=True):
+                 mlp="gelu", attention="mha", dropout=0.0, bias=False, tie_weights=True, parametrization="sp",
+                 mup=None):
         super().__init__()
         cfg = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
                         n_embd=n_embd, position=position, norm=norm, mlp=mlp, attention=attention,
-                        dropout=dropout, bias=bias, tie_weights=tie_weights)
+                        dropout=dropout, bias=bias, tie_weights=tie_weights, parametrization=parametrization,
+                        mup=mup)
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.position = build_position(cfg)  # holds the learned table (wpe) if any; shared by all layers
@@ -57,6 +60,8 @@ class GPT(nn.Module):
         # (a missing name fails here, loudly, instead of silently changing the init).
         self._residual = {id(getattr(part, name)) for block in self.blocks for part in (block.attn, block.mlp)
                           for name in type(part).residual_projections}
+        self.output_mult = output_mult(cfg)  # None under sp: the logits are the head's output, untouched
+        self._init_mult = {id(r.param): r.init_mult for r in self.param_roles() if r.init_mult != 1.0}
         self.apply(self._init_weights)
 
     @classmethod
@@ -67,13 +72,28 @@ class GPT(nn.Module):
     def _init_weights(self, module):
         # GPT-2 init: N(0, 0.02) everywhere; the projections that write into the residual stream are scaled by
         # 1/sqrt(2L) because 2L of them are summed (one attention and one MLP per layer), keeping its variance flat.
+        # mup scales each hidden matrix's std by its role's init_mult (variance ~ 1/fan_in; 1 at the base width).
         if isinstance(module, nn.Linear):
             std = 0.02 / math.sqrt(2 * self.config.n_layer) if id(module) in self._residual else 0.02
+            std *= self._init_mult.get(id(module.weight), 1.0)
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def role_overrides(self) -> dict[str, str]:
+        # the untied head is an nn.Linear, which structure alone would call a hidden matrix (tied: it is wte's table)
+        return {} if self.config.tie_weights else {"lm_head.weight": "head"}
+
+    def param_roles(self) -> list:
+        """Every trainable parameter once with its role (hidden_matrix, embedding, head, vector), its fused blocks
+        and its base model shapes (modules/parametrization.py): what the optimizers and mup's rules read."""
+        base = None
+        if self.config.parametrization != "sp":  # the base model's shapes, without allocating its weights
+            with torch.device("meta"):
+                base = GPT.from_config(base_config(self.config))
+        return param_roles(self, base)
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # a tied lm_head is counted once
@@ -149,7 +169,8 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(position_ids, valid)
         x = self.ln_f(x)
-        return self.lm_head(x)  # (B, T, V)
+        logits = self.lm_head(x)  # (B, T, V)
+        return logits if self.output_mult is None else logits * self.output_mult
 
     # ------------------------------------------------------------------------------------------------------
     @torch.no_grad()

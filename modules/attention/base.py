@@ -72,6 +72,11 @@ class Attention(nn.Module):
         """Parameters outside the Linears and the qk norms (e.g. MLA's latent norm)."""
         return 0
 
+    def fused_blocks(self) -> dict[str, tuple[int, ...]]:
+        """{Linear name: output rows of each block} for a Linear that fuses several maps (q, k, v) into one
+        matmul: Muon orthogonalises each block on its own (modules/parametrization.py)."""
+        return {}
+
     @classmethod
     def qk_norm_dims(cls, cfg) -> list[int]:
         """Widths of the norms this attention builds when norm.qk_norm is on."""

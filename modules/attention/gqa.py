@@ -11,6 +11,7 @@ from torch import nn
 from modules.attention.base import Attention, AttentionOptions, sdpa
 from modules.norms import build_norm
 from modules.options import check_int, fail
+from modules.parametrization import attn_scale
 from modules.positions import apply_rotary
 from modules.registry import register
 
@@ -61,6 +62,11 @@ class GroupedQueryAttention(Attention):
             self.k_norm = build_norm(cfg, cfg.head_size)
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.scale = attn_scale(cfg)  # None: SDPA's 1/sqrt(hs) (sp); mup: sqrt(hs0)/hs
+
+    def fused_blocks(self):
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
+        return {"c_attn": (nh * hs, nkv * hs, nkv * hs)}  # q, k, v
 
     def forward(self, x, mask, rot, cache=None):
         B, T, C = x.size()
@@ -81,4 +87,4 @@ class GroupedQueryAttention(Attention):
 
     def attend(self, q, k, v, mask, dropout_p):
         """q (B, nh, T, hs), k and v (B, nkv, S, hs) -> (B, nh, T, hs); a windowed variant overrides it."""
-        return sdpa(q, k, v, mask, dropout_p)
+        return sdpa(q, k, v, mask, dropout_p, self.scale)

@@ -22,6 +22,7 @@ from torch import nn
 from modules.attention.base import Attention, AttentionOptions, sdpa
 from modules.norms import build_norm
 from modules.options import check_bool, check_int, fail
+from modules.parametrization import attn_scale
 from modules.positions import apply_rotary
 from modules.registry import register
 
@@ -126,6 +127,13 @@ class MultiHeadLatentAttention(Attention):
                 self.q_rope_norm, self.k_rope_norm = build_norm(cfg, self.d_r), build_norm(cfg, self.d_r)
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.scale = attn_scale(cfg)  # None: SDPA's 1/sqrt(hs + dr) (sp); mup: sqrt(d0)/(hs + dr)
+
+    def fused_blocks(self):
+        nh, hs = self.n_head, self.head_size
+        # the latent and the shared rotary key; per-head keys and values. c_q stays whole: each head's content and
+        # rotary query parts are one query. (A zero-width rotary block is dropped.)
+        return {"c_kv_down": (self.d_c, self.d_r), "c_kv_up": (nh * hs, nh * hs)}
 
     def forward(self, x, mask, rot, cache=None):
         B, T, C = x.size()
@@ -153,7 +161,7 @@ class MultiHeadLatentAttention(Attention):
             k_nope = self.k_norm(k_nope)
         q = torch.cat((q_nope, q_rope), dim=-1)                             # (B, nh, T, hs + dr)
         k = torch.cat((k_nope, k_rope.expand(B, nh, S, d_r)), dim=-1)       # (B, nh, S, hs + dr)
-        y = sdpa(q, k, v, mask, self.dropout if self.training else 0.0)    # (B, nh, T, hs)
+        y = sdpa(q, k, v, mask, self.dropout if self.training else 0.0, self.scale)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -174,7 +182,8 @@ class MultiHeadLatentAttention(Attention):
         with torch.autocast(q_nope.device.type, enabled=False):  # scores in fp32, as sdpa does under bf16 on CPU
             ct = torch.promote_types(q_nope.dtype, torch.float32)
             w_k, w_v = self.c_kv_up.weight.to(ct).view(2, nh, hs, d_c)  # (nh, hs, dc) each
-            scale = (hs + self.d_r) ** -0.5  # the expanded form's 1/sqrt(d_qk), applied to the small query
+            # the expanded form's scale (1/sqrt(d_qk) under sp), applied to the small query
+            scale = (hs + self.d_r) ** -0.5 if self.scale is None else self.scale
             q_lat = (q_nope.to(ct) * scale) @ w_k  # (B, nh, T, dc): the query read in latent coordinates
             lat = latent.to(ct)  # (B, S, dc): the one "kv head" all query heads read, never copied per head
             # all heads' queries as rows of one matrix, so each product is one (B,) batch of GEMMs over the cache

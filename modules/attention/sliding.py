@@ -43,24 +43,24 @@ def _band(W: int, device) -> torch.Tensor:
     return (j > i) & (j <= W + i)
 
 
-def blocked_sliding_attention(q, k, v, window: int, dropout_p: float):
+def blocked_sliding_attention(q, k, v, window: int, dropout_p: float, scale: float | None = None):
     """Causal attention in which query t sees keys t-W+1 .. t, for q (B, nh, T, hs), k, v (B, nkv, S=T, hs) at
-    consecutive positions, in O(T * W) time and memory -> (B, nh, T, hs)."""
+    consecutive positions, in O(T * W) time and memory -> (B, nh, T, hs). scale: of q.k (None: 1/sqrt(hs))."""
     B, nh, T, hs = q.shape
     W = window
     if T <= W:  # the window cuts nothing: plain causal
-        return sdpa(q, k, v, None, dropout_p)
+        return sdpa(q, k, v, None, dropout_p, scale)
     n = -(-T // W)  # number of query blocks; the last one is zero-padded (padding keys lie in every real
     pad = n * W - T  # query's future, so the band hides them; padding queries are dropped at the end)
     q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))  # (B, h, nW, hs)
     nkv = k.size(1)
     # block 0 sees only itself (plain causal); blocks 1.. see [previous block, own block] under the band
-    y0 = sdpa(q[:, :, :W], k[:, :, :W], v[:, :, :W], None, dropout_p)  # (B, nh, W, hs)
+    y0 = sdpa(q[:, :, :W], k[:, :, :W], v[:, :, :W], None, dropout_p, scale)  # (B, nh, W, hs)
     qb = q[:, :, W:].reshape(B, nh, n - 1, W, hs).transpose(1, 2)           # (B, n-1, nh, W, hs)
     kb = k.unfold(2, 2 * W, W).transpose(-1, -2).transpose(1, 2)  # (B, n-1, nkv, 2W, hs): windows of 2W, step W
     vb = v.unfold(2, 2 * W, W).transpose(-1, -2).transpose(1, 2)
     yb = sdpa(qb.reshape(B * (n - 1), nh, W, hs), kb.reshape(B * (n - 1), nkv, 2 * W, hs),
-              vb.reshape(B * (n - 1), nkv, 2 * W, hs), _band(W, q.device), dropout_p)  # (B(n-1), nh, W, hs)
+              vb.reshape(B * (n - 1), nkv, 2 * W, hs), _band(W, q.device), dropout_p, scale)  # (B(n-1), nh, W, hs)
     yb = yb.view(B, n - 1, nh, W, hs).transpose(1, 2).reshape(B, nh, (n - 1) * W, hs)
     return torch.cat((y0, yb), dim=2)[:, :, :T]
 
@@ -83,5 +83,5 @@ class SlidingWindowAttention(GroupedQueryAttention):
 
     def attend(self, q, k, v, mask, dropout_p):
         if mask is None:  # plain causal call: the window is ours to apply, blockwise
-            return blocked_sliding_attention(q, k, v, self.window_size, dropout_p)
-        return sdpa(q, k, v, mask, dropout_p)  # the GPT's banded mask (cache, padding, bias)
+            return blocked_sliding_attention(q, k, v, self.window_size, dropout_p, self.scale)
+        return sdpa(q, k, v, mask, dropout_p, self.scale)  # the GPT's banded mask (cache, padding, bias)

@@ -38,6 +38,11 @@ class MLP(nn.Module):
     def validate(cls, cfg) -> None:
         """Checks that involve the rest of the model."""
 
+    def fused_blocks(self) -> dict[str, tuple[int, ...]]:
+        """{Linear name: output rows of each block} for a Linear that fuses several maps into one matmul: Muon
+        orthogonalises each block on its own (modules/parametrization.py)."""
+        return {}
+
     @classmethod
     def default_hidden(cls, cfg) -> int:
         return 4 * cfg.n_embd
@@ -62,3 +67,7 @@ class GatedMLP(MLP):
     def linears(cls, cfg):
         h = cfg.mlp_hidden
         return [(cfg.n_embd, 2 * h), (h, cfg.n_embd)]  # c_fc (gate + up), c_proj
+
+    def fused_blocks(self):
+        h = self.c_proj.in_features
+        return {"c_fc": (h, h)}  # gate, up
