@@ -90,6 +90,8 @@ class ProtocolSpec:
     lr_seeds: tuple[int, ...] = ()     # the lr stage's seeds (verdict.lr.seeds; () = (lr_seed,)): mean over them
     lr_transfer_from: str | None = None  # search lr at this size only; the other sizes reuse it (needs mup)
     lr_extend: int = 0                 # grid points the lr stage may add beyond an edge until the best is interior
+    workers: int = 1                   # local processes (verdict.workers): lr studies shared, seeds split
+    worker: tuple[int, int] = (0, 1)   # (this process's index, how many): its share of every size's seeds
 
     def search_seeds(self) -> tuple[int, ...]:
         return self.lr_seeds or (self.lr_seed,)
@@ -106,6 +108,14 @@ class ProtocolSpec:
         n = self.seeds_by_size.get(self.sizes[size_index].name, n)
         skip = set(self.search_seeds())
         return [s for s in range(n + len(skip)) if s not in skip][:n]
+
+    def my_seeds(self, size_index: int, arms: list[Arm]) -> dict[str, list[int]]:
+        """arm -> the seeds this worker trains at a size: every worker-th (arm, seed) pair, seed-major so each
+        worker gets a mix of arms (all of them with one worker)."""
+        pairs = [(a.name, s) for s in self.seed_list(size_index) for a in arms]
+        i, n = self.worker
+        mine = pairs[i::n]
+        return {a.name: [s for name, s in mine if name == a.name] for a in arms}
 
     def tags(self, arm: Arm, size: Size, stage: str) -> dict[str, str]:
         return {"verdict.protocol": self.name, "verdict.arm": arm.name, "verdict.family": arm.family,
@@ -219,7 +229,7 @@ def load_protocol(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
         lr_grid=[float(x) for x in grid], lr_seed=int(v.get("lr", {}).get("seed", 0)),
         storage=_need(v, "storage", str, "an Optuna storage URL"),
         overrides=[*(str(o) for o in v.get("overrides") or []), *run_ov], **_statistics(v, arms, sizes),
-        **_lr_search(v.get("lr", {}), sizes, probe))
+        **_lr_search(v.get("lr", {}), sizes, probe), **_workers(v))
     if planned:
         from sweeps.plan import plan_seeds
 
@@ -249,6 +259,26 @@ def _lr_search(lr: Mapping, sizes: list[Size], probe) -> dict:
                                "across widths only under mup; set model.parametrization=mup (and model.mup.base_width)"
                                " or remove lr.transfer_from")
     return {"lr_seeds": tuple(seeds), "lr_extend": extend, "lr_transfer_from": source}
+
+
+def _workers(v: Mapping) -> dict:
+    """verdict.workers (a positive integer, or auto: one per core / visible GPU) and verdict.worker (i/N: set by
+    `launch` for the processes it starts)."""
+    import os
+
+    from sweeps.study import parse_workers, visible_devices, worker_plan
+
+    try:
+        n = parse_workers(v.get("workers", 1))
+    except SweepError:
+        raise VerdictError(f"invalid verdict.workers={v.get('workers')!r}: a positive integer or auto") from None
+    if n == "auto":
+        n = len(worker_plan("auto", visible_devices(), list(range(os.cpu_count() or 1))))
+    raw = str(v.get("worker") or "0/1")
+    i, _, count = raw.partition("/")
+    if not (i.isdigit() and count.isdigit() and 0 <= int(i) < int(count)):
+        raise VerdictError(f"invalid verdict.worker={raw!r}: i/N with 0 <= i < N (set by verdict.workers=N)")
+    return {"workers": int(n), "worker": (int(i), int(count))}
 
 
 def _statistics(v: Mapping, arms: list[Arm], sizes: list[Size]) -> dict:
@@ -347,7 +377,9 @@ class Verdict:
         self.summary: list[tuple[str, str, float | None, int]] = []  # (size, arm, best lr, finished seeds)
 
     def say(self, msg: str) -> None:
-        print(f"[verdict {self.p.name}] {msg}", file=self.out, flush=True)
+        i, n = self.p.worker
+        who = f" worker {i}/{n}" if n > 1 else ""
+        print(f"[verdict {self.p.name}{who}] {msg}", file=self.out, flush=True)
 
     def run(self) -> int:
         p = self.p
@@ -365,8 +397,9 @@ class Verdict:
             transferred = {arm.name: self.lr_stage(arm, source) for arm in p.arms}
         for i, size in enumerate(p.sizes):
             best = transferred if source is not None else {arm.name: self.lr_stage(arm, size) for arm in p.arms}
+            share = p.my_seeds(i, [a for a in p.arms if best[a.name]])
             for arm in p.arms:
-                done = self.seeds_stage(arm, size, best[arm.name], p.seed_list(i)) if best[arm.name] else 0
+                done = self.seeds_stage(arm, size, best[arm.name], share[arm.name]) if best[arm.name] else 0
                 self.summary.append((size.name, arm.name, best[arm.name], done))
         for size, arm, lr, done in self.summary:
             self.say(f"size {size} arm {arm}: best lr {lr if lr is not None else 'none (every lr failed)'}, "
@@ -489,7 +522,55 @@ def main(argv: list[str] | None = None, train_fn=None, conf_dir: Path | None = N
     from sweeps.run import exit_code
 
     conf = conf_dir or CONF_DIR
-    return exit_code(lambda: Verdict(load_protocol(argv, conf), train_fn=train_fn, conf_dir=conf).run())
+
+    def go() -> int:
+        p = load_protocol(argv, conf)
+        if p.workers > 1 and p.worker == (0, 1):
+            # refuse before starting anything; opening the MLflow store here also creates its tables once (two
+            # workers creating them in a fresh SQLite file at once: one fails with 'table ... already exists')
+            check_commit(REPO, p.allow_dirty, Verdict(p, conf_dir=conf)._earlier_commits())
+            return launch(argv, p)
+        return Verdict(p, train_fn=train_fn, conf_dir=conf).run()
+
+    return exit_code(go)
+
+
+def launch(argv: list[str], p: ProtocolSpec, out=None) -> int:
+    """verdict.workers=N: N copies of this command on this machine (placed by sweeps.study.worker_plan: disjoint
+    cores, one thread each unless threads= is given), worker i with verdict.worker=i/N. They share every lr study
+    through the Optuna storage (each grid point runs once; a worker waits for the others' trials) and split every
+    size's seeds (ProtocolSpec.my_seeds), so every run happens exactly once. Returns the first non-zero exit code."""
+    import os
+    import subprocess
+
+    from sweeps.study import visible_devices, worker_plan
+
+    out = out or sys.stdout
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    slots = worker_plan(p.workers, visible_devices(), cores)
+    base = [a for a in argv if not a.lstrip("+~").startswith(("verdict.workers=", "verdict.worker="))]
+    user_threads = any(a.lstrip("+~").startswith("threads=") for a in base)
+    procs = []
+    for i, slot in enumerate(slots):
+        extra = ["++verdict.workers=1", f"++verdict.worker={i}/{len(slots)}",  # ++: also where the file lacks the key
+                 *([] if user_threads else slot.overrides)]
+
+        def pin(cores=slot.cores):
+            if hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(0, cores)
+
+        procs.append(subprocess.Popen([sys.executable, "-m", "sweeps.verdict", *base, *extra],
+                                      env={**os.environ, **slot.env}, preexec_fn=pin))
+        print(f"[verdict {p.name}] worker {i}/{len(slots)}: pid {procs[-1].pid}, cores {slot.cores}", file=out,
+              flush=True)
+    try:
+        codes = [proc.wait() for proc in procs]
+    except KeyboardInterrupt:  # Ctrl-C reached the workers too (one process group): let them end their runs
+        for proc in procs:
+            proc.wait()
+        raise
+    print(f"[verdict {p.name}] workers done, exit codes {codes}", file=out, flush=True)
+    return next((c for c in codes if c), 0)
 
 
 if __name__ == "__main__":

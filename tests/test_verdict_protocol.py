@@ -200,3 +200,36 @@ def test_verdict_refuses_before_training_anything(tmp_path):
     with pytest.raises(VerdictError, match="uncommitted"):
         Verdict(spec, train_fn=lambda *a, **k: calls.append(1), repo=repo).run()
     assert calls == []
+
+
+# ---------------------------------------------------------------------------------------------- local workers
+def test_my_seeds_split_every_pair_once():
+    from sweeps.verdict import Arm, ProtocolSpec, Size
+
+    arms = [Arm("a", "f", ()), Arm("b", "f", ()), Arm("c", "f", ())]
+    spec = ProtocolSpec(name="w", experiment=None, baseline="a", arms=arms, sizes=[Size("s", 1e8, ())], seeds=5,
+                        seeds_largest=5, lr_grid=[1e-3], lr_seed=0, storage="sqlite:///x.db", overrides=[])
+    assert spec.my_seeds(0, arms) == {"a": [1, 2, 3, 4, 5], "b": [1, 2, 3, 4, 5], "c": [1, 2, 3, 4, 5]}
+    shares = []
+    for i in range(2):
+        spec.worker = (i, 2)
+        shares.append(spec.my_seeds(0, arms))
+    got = sorted((a, s) for share in shares for a, seeds in share.items() for s in seeds)
+    assert got == sorted((a.name, s) for a in arms for s in range(1, 6))  # every (arm, seed) exactly once
+    assert all(len(s) >= 2 for share in shares for s in share.values())  # each worker gets a mix of every arm
+
+
+def test_two_workers_share_the_lr_study_and_split_the_seeds(tmp_path, shakespeare_path):
+    cwd = tmp_path / "job"
+    one_size = "verdict.sizes=[{name:a,budget_flops:1.5e8,overrides:['model.n_embd=16']}]"
+    args = [*verdict_args(cwd, shakespeare_path), one_size, "verdict.seeds_largest=3", "verdict.workers=2"]
+    r = run_cli(cwd, args, module="sweeps.verdict", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
+    assert "worker 0/2" in r.stdout and "worker 1/2" in r.stdout and "workers done, exit codes [0, 0]" in r.stdout
+    _, runs = _runs(cwd)
+    assert all(run.info.status == "FINISHED" for run in runs)
+    keys = sorted((t["verdict.arm"], t["verdict.stage"], t["seed"], run.data.params["optim.lr"])
+                  for run in runs for t in [run.data.tags])
+    assert len(keys) == len(set(keys)) == 2 * 2 + 2 * 3  # each lr of the grid once, each seed once, per arm
+    for arm in ("learned", "rope"):
+        assert sorted(k[2] for k in keys if k[0] == arm and k[1] == "seeds") == ["1", "2", "3"]
