@@ -389,7 +389,8 @@ class Verdict:
         self.say(f"margin ±{p.margin:g} bpb ({p.margin_reason}); Holm family: {p.holm}; primary: {p.primary_text()}")
         self.say(f"{len(p.arms)} arms ({', '.join(a.name for a in p.arms)}; baseline {p.baseline}) x "
                  f"{len(p.sizes)} sizes ({', '.join(s.name for s in p.sizes)}); lr grid {p.lr_grid}; "
-                 f"seeds {p.seeds} ({p.seeds_largest} at {p.sizes[-1].name})")
+                 "seeds " + ", ".join(f"{len(p.seed_list(i))} at {s.name}" for i, s in enumerate(p.sizes))
+                 + (" (sweeps.plan)" if p.seeds_by_size else ""))
         source = next((s for s in p.sizes if s.name == p.lr_transfer_from), None)
         if source is not None:
             self.say(f"lr searched at {source.name} only (seeds {list(p.search_seeds())}, mean per lr) and reused at "
