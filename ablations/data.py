@@ -1,187 +1,50 @@
-"""Corpora, the token cache and the Lightning data module.
+"""Token data for training: prepared shards read as one memory-mapped stream, and the Lightning data module.
 
-A corpus is a list of documents ``(name, text)`` in a deterministic order. It is split into train/val
-deterministically (by a hash of each document's name when there are enough documents, else by cutting each
-document at a line break), tokenized once, packed with the tokenizer's separator, and cached as one memory-mapped
-token file keyed by (corpus fingerprint, tokenizer identity, split). Training reads random windows of
-``block_size + 1`` tokens: inputs ``w[:-1]``, targets ``w[1:]``. Window ``i`` of batch ``j`` depends only on
-(seed, j), so the data position is just the number of batches consumed, restored on resume.
+``prepare_data`` returns the corpus's :class:`TokenData`, preparing it on first use (``ablations.prepare``: any
+corpus of ``ablations.sources``, tokenized in parallel into shards). Train shards come first in the stream, then val
+shards; nothing is concatenated and no document is held in memory.
+
+Training reads windows of ``block_size + 1`` tokens (inputs ``w[:-1]``, targets ``w[1:]``) that may cross shard
+boundaries but never the train/val boundary. The train stream is cut into ``n = n_train // (block_size + 1)``
+disjoint windows per epoch, at a random offset, visited in a random order: window ``i`` of global batch ``g`` is
+window ``g * batch_size + i`` of that sequence, found by a keyed permutation (no stored index), so batch ``j``
+depends only on (seed, j), a resumed run continues exactly, and data-parallel ranks (global batch
+``j * world + rank``) read disjoint windows within an epoch.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
 import math
-import os
-import sysconfig
-import tempfile
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .errors import AblationsError, ConfigError, DataError
-from .tokenizers import CharTokenizer, Tokenizer, build_tokenizer, tokenizer_from_identity
+from .errors import ConfigError, DataError
+from .prepare import check_val_fraction, choose_rule, prepare, split_parts
+from .shards import HEADER_BYTES, SPLITS, Segment, TokenStream, read_header
+from .sources import default_cache_dir  # noqa: F401 - re-exported: the cache location is part of the data API
+from .tokenizers import Tokenizer
 
-log = logging.getLogger(__name__)
-
-DATASETS = ("pystdlib", "shakespeare", "text")
-SPLIT_VERSION = 1
-MIN_DOCS_FOR_DOC_SPLIT = 20
-
-
-def default_cache_dir(cfg_value=None) -> Path:
-    if cfg_value:
-        return Path(str(cfg_value)).expanduser()
-    if os.environ.get("ABLATIONS_CACHE_DIR"):
-        return Path(os.environ["ABLATIONS_CACHE_DIR"]).expanduser()
-    return Path.home() / ".cache" / "ablations"
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-# ----------------------------------------------------------------------------------------------- corpora
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"corpus file {path} is not UTF-8 text ({e.reason} at byte {e.start}): "
-                        f"convert it or exclude it with data.glob") from None
-    except OSError as e:
-        raise DataError(f"cannot read corpus file {path}: {e.strerror}") from None
-
-
-def pystdlib_docs(root: str | None = None) -> list[tuple[str, str]]:
-    """The interpreter's standard-library ``*.py`` files (no test suites, no site-packages), sorted by path."""
-    base = Path(root or sysconfig.get_paths()["stdlib"])
-    if not base.is_dir():
-        raise DataError(f"data.path={base} (the standard library) is not a directory: set data.path to one")
-    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-    docs = []
-    for p in sorted(base.rglob("*.py"), key=lambda p: p.relative_to(base).as_posix()):
-        rel = p.relative_to(base)
-        if skip.intersection(rel.parts[:-1]) or not p.is_file():
-            continue
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue  # a handful of stdlib files are latin-1 fixtures; skipping keeps the order deterministic
-        if text:
-            docs.append((rel.as_posix(), text))
-    return docs
-
-
-def _download(url: str, dest: Path, sha256: str) -> None:
-    log.info("downloading %s -> %s", url, dest)
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 - fixed https URL from the config
-            data = r.read()
-    except OSError as e:  # URLError, timeouts, resets: all OSError
-        raise DataError(
-            f"could not download {url} ({type(e).__name__}: {e}): offline, point data.path= (or "
-            f"ABLATIONS_SHAKESPEARE_PATH) at a local copy of tinyshakespeare") from None
-    got = hashlib.sha256(data).hexdigest()
-    if got != sha256:
-        raise DataError(f"downloaded {url} has sha256 {got[:16]}..., expected {sha256[:16]}...: the file changed "
-                        f"upstream; download it yourself and pass data.path=")
-    _atomic_write_bytes(dest, data)
-
-
-def shakespeare_docs(cfg) -> list[tuple[str, str]]:
-    path = cfg.get("path") or os.environ.get("ABLATIONS_SHAKESPEARE_PATH")
-    expected = cfg.get("sha256")
-    if path:
-        p = Path(str(path)).expanduser()
-        if not p.is_file():
-            src = "data.path" if cfg.get("path") else "ABLATIONS_SHAKESPEARE_PATH"
-            raise DataError(f"{src}={p} does not exist: point it at tinyshakespeare's input.txt, or unset it to download")
-    else:
-        p = default_cache_dir(cfg.get("cache_dir")) / "tinyshakespeare.txt"
-        if not p.is_file():
-            _download(str(cfg.url), p, expected)
-    data = p.read_bytes()
-    if expected and hashlib.sha256(data).hexdigest() != expected:
-        raise DataError(f"{p} is not tinyshakespeare (sha256 mismatch): use data=text data.path={p} for other corpora")
-    return [("tinyshakespeare.txt", data.decode("utf-8"))]
-
-
-def text_docs(cfg) -> list[tuple[str, str]]:
-    path = cfg.get("path")
-    if not path or str(path) == "???":
-        raise ConfigError("data=text needs data.path=FILE_OR_DIR")
-    p = Path(str(path)).expanduser()
-    if p.is_file():
-        return [(p.name, _read_text(p))]
-    if p.is_dir():
-        files = sorted((f for f in p.glob(cfg.get("glob") or "**/*") if f.is_file() and not f.name.startswith(".")),
-                       key=lambda f: f.relative_to(p).as_posix())
-        docs = [(f.relative_to(p).as_posix(), _read_text(f)) for f in files]
-        docs = [d for d in docs if d[1]]
-        if not docs:
-            raise DataError(f"data.path={p} has no non-empty files matching data.glob={cfg.get('glob')!r}")
-        return docs
-    raise DataError(f"data.path={p} does not exist: pass an existing text file or directory")
-
-
-def load_docs(cfg) -> list[tuple[str, str]]:
-    name = cfg.get("name")
-    if name == "pystdlib":
-        return pystdlib_docs(cfg.get("path"))
-    if name == "shakespeare":
-        return shakespeare_docs(cfg)
-    if name == "text":
-        return text_docs(cfg)
-    raise ConfigError(f"data.name={name!r} is unknown: use one of {', '.join(DATASETS)}")
-
-
-def fingerprint(docs) -> str:
-    h = hashlib.sha256()
-    for name, text in docs:
-        h.update(name.encode())
-        h.update(b"\0")
-        h.update(hashlib.sha256(text.encode("utf-8")).digest())
-    return h.hexdigest()
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def split_docs(docs, val_fraction: float) -> tuple[list[str], list[str]]:
-    """Deterministic train/val split (independent of the tokenizer, so bpb compares across tokenizers)."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction={val_fraction} must be in (0, 1), e.g. 0.1")
-    if len(docs) >= MIN_DOCS_FOR_DOC_SPLIT:
-        cut = int(val_fraction * 2**32)
-        train, val = [], []
-        for name, text in docs:
-            h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
-            (val if h < cut else train).append(text)
-        if val and train:
-            return train, val
-    train, val = [], []
-    for _, text in docs:  # cut each document at a line break near (1 - val_fraction) of its length
-        i = int(len(text) * (1.0 - val_fraction))
-        j = text.find("\n", i)
-        i = j + 1 if 0 <= j < len(text) - 1 else i
-        train.append(text[:i])
-        val.append(text[i:])
-    return [t for t in train if t], [t for t in val if t]
+    """The train/val split of a list of (name, text) documents (the rule of ``ablations.prepare``, for small lists)."""
+    vf = check_val_fraction(val_fraction)
+    rule = choose_rule([n for n, _ in docs], len(docs), vf)
+    out = {"train": [], "val": []}
+    for name, text in docs:
+        for split, part in split_parts(name, text, rule, vf):
+            out[split].append(part)
+    return out["train"], out["val"]
 
 
-# ------------------------------------------------------------------------------------------ token cache
+# ------------------------------------------------------------------------------------------- token data
 @dataclass
 class TokenData:
-    """A tokenized corpus on disk: ``tokens[:n_train]`` is train, the rest val."""
+    """A tokenized corpus: ``memmap()[:n_train]`` is train, the rest val. ``shards``: the segments in stream order;
+    empty means ``path`` is one headerless token file (train then val)."""
 
     path: Path
     dtype: str
@@ -190,53 +53,38 @@ class TokenData:
     val_bytes: int
     fingerprint: str
     tokenizer: Tokenizer
+    shards: tuple = ()
+    manifest: dict | None = None
 
     @property
     def val_tokens_per_byte(self) -> float:
         return self.n_val / max(1, self.val_bytes)
 
-    def memmap(self) -> np.memmap:
-        return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.n_train + self.n_val,))
+    def memmap(self) -> TokenStream:
+        return TokenStream(self.shards or (Segment(Path(self.path), 0, self.n_train + self.n_val),), self.dtype)
+
+
+def open_shards(folder: Path, m: dict, tok: Tokenizer) -> TokenData:
+    """TokenData over a manifest's shards, each header checked against the manifest (sizes and checksums recorded;
+    the payload hashes are checked by ``python -m ablations.prepare``)."""
+    segments = []
+    for split in SPLITS:
+        for rec in m["splits"][split]["shards"]:
+            head = read_header(folder / rec["file"])
+            if head.sha256 != rec["sha256"] or head.n_tokens != rec["tokens"] or head.dtype != m["dtype"]:
+                raise DataError(f"shard {folder / rec['file']} does not match {folder / 'manifest.json'} (another "
+                                f"prepare wrote it): re-run `python -m ablations.prepare` with the same data= and "
+                                f"tokenizer=")
+            segments.append(Segment(head.path, HEADER_BYTES, head.n_tokens))
+    tr, va = m["splits"]["train"], m["splits"]["val"]
+    return TokenData(folder / "manifest.json", m["dtype"], tr["tokens"], va["tokens"], va["bytes"],
+                     m["corpus"]["fingerprint"], tok, tuple(segments), m)
 
 
 def prepare_data(data_cfg, tokenizer_name: str) -> TokenData:
-    """Load the corpus, build the tokenizer, and return the cached token file (tokenizing on a cache miss)."""
-    docs = load_docs(data_cfg)
-    if not docs:
-        raise DataError(f"data={data_cfg.get('name')}: the corpus is empty")
-    fp = fingerprint(docs)
-    val_fraction = float(data_cfg.get("val_fraction", 0.1))
-    cache = default_cache_dir(data_cfg.get("cache_dir")) / "tokens"
-    key = hashlib.sha256(json.dumps([fp, tokenizer_name, val_fraction, SPLIT_VERSION]).encode()).hexdigest()[:20]
-    meta_path = cache / f"{data_cfg.get('name')}-{tokenizer_name}-{key}.json"
-    if meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text())
-            tok = tokenizer_from_identity(meta["tokenizer"])
-            td = TokenData(cache / meta["file"], meta["dtype"], meta["n_train"], meta["n_val"], meta["val_bytes"], fp, tok)
-            if td.path.is_file() and td.path.stat().st_size == (td.n_train + td.n_val) * np.dtype(td.dtype).itemsize:
-                return td
-        except (OSError, ValueError, KeyError, TypeError, AblationsError) as e:  # stale / foreign entry: rebuild
-            log.warning("token cache %s unusable (%s); rebuilding", meta_path, e)
-    train, val = split_docs(docs, val_fraction)
-    if not val or not train:
-        raise DataError(f"data={data_cfg.get('name')}: the corpus is too small to split with "
-                        f"data.val_fraction={val_fraction}: use a longer corpus")
-    if tokenizer_name == "char":
-        tok = CharTokenizer.from_texts((t for t in train + val), with_separator=len(train) > 1 or len(val) > 1)
-    else:
-        tok = build_tokenizer(tokenizer_name)
-    log.info("tokenizing %s (%d documents) with %s ...", data_cfg.get("name"), len(docs), tok.name)
-    tr = tok.encode_docs(train)
-    va = tok.encode_docs(val)
-    dtype = "uint16" if tok.vocab_size <= 65536 else "uint32"
-    val_bytes = sum(len(t.encode("utf-8")) for t in val) + (len(val) - 1) * (tok.sep_id is not None)
-    fname = meta_path.with_suffix(".bin").name
-    _atomic_write_bytes(cache / fname, np.concatenate([tr, va]).astype(dtype).tobytes())
-    meta = {"file": fname, "dtype": dtype, "n_train": int(len(tr)), "n_val": int(len(va)), "val_bytes": int(val_bytes),
-            "fingerprint": fp, "tokenizer": tok.identity(), "n_docs": len(docs), "val_fraction": val_fraction}
-    _atomic_write_bytes(meta_path, json.dumps(meta).encode())
-    return TokenData(cache / fname, dtype, int(len(tr)), int(len(va)), int(val_bytes), fp, tok)
+    """The corpus's token data, tokenizing it into shards on first use (headers checked, not the payload hashes)."""
+    folder, m, tok = prepare(data_cfg, tokenizer_name, verify=False)
+    return open_shards(folder, m, tok)
 
 
 def check_windows(td: TokenData, block_size: int) -> None:
@@ -248,17 +96,64 @@ def check_windows(td: TokenData, block_size: int) -> None:
                 f"use a longer corpus or a smaller model.block_size")
 
 
-# ---------------------------------------------------------------------------------------------- loaders
-def window_batch(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+# ---------------------------------------------------------------------------------------------- windows
+def window_batch(tokens, starts: np.ndarray, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Windows of block_size+1 tokens at ``starts``: inputs w[:, :-1], targets w[:, 1:] (shift by exactly one)."""
-    idx = starts[:, None] + np.arange(block_size + 1)[None, :]
+    idx = starts[:, None] + np.arange(block_size + 1)[None, :]  # (B, T+1)
     w = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
     return w[:, :-1], w[:, 1:]
 
 
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: a bijective scramble of uint64 values (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def permute(i: np.ndarray, n: int, key: int) -> np.ndarray:
+    """A keyed bijection of [0, n): a 4-round Feistel network on the smallest even power of two >= n, cycle-walking
+    values that land outside [0, n) (at most 4x the domain, so a few rounds). O(1) memory whatever n is."""
+    half = max(1, math.ceil(math.log2(max(n, 2)) / 2))
+    mask = np.uint64((1 << half) - 1)
+    keys = [np.uint64((key * 4 + r + 1) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF) for r in range(4)]
+
+    def rounds(x):
+        left, right = x >> np.uint64(half), x & mask
+        for k in keys:
+            left, right = right, left ^ (_mix(right ^ k) & mask)
+        return (left << np.uint64(half)) | right
+
+    x = rounds(np.asarray(i, dtype=np.uint64))
+    out = x >= np.uint64(n)
+    while out.any():
+        x[out] = rounds(x[out])
+        out = x >= np.uint64(n)
+    return x.astype(np.int64)
+
+
+def _epoch(seed: int, epoch: int, spare: int) -> tuple[int, int]:
+    """(offset of the epoch's first window in [0, spare], permutation key) from (seed, epoch)."""
+    rng = np.random.Generator(np.random.PCG64([int(seed) & 0xFFFFFFFF, int(epoch), 1]))
+    return int(rng.integers(0, spare + 1)), int(rng.integers(0, 2**62))
+
+
 def train_starts(seed: int, batch_index: int, batch_size: int, n_train: int, block_size: int) -> np.ndarray:
-    rng = np.random.Generator(np.random.PCG64([int(seed) & 0xFFFFFFFF, int(batch_index)]))
-    return rng.integers(0, n_train - block_size, size=batch_size)  # last start: n_train - block_size - 1
+    """Start of each window of global batch ``batch_index``: disjoint windows of block_size+1 tokens, a random
+    order and offset per epoch, all from (seed, batch_index). Last possible start: n_train - block_size - 1."""
+    span = block_size + 1
+    n = n_train // span
+    if n < 1:
+        raise DataError(f"the train split has {n_train} tokens, fewer than one window of model.block_size+1={span}: "
+                        f"use a longer corpus or a smaller model.block_size")
+    w = int(batch_index) * int(batch_size) + np.arange(int(batch_size), dtype=np.int64)  # global window numbers
+    epoch, i = w // n, w % n
+    starts = np.empty(len(w), dtype=np.int64)
+    for e in np.unique(epoch):
+        offset, key = _epoch(seed, int(e), n_train - n * span)
+        m = epoch == e
+        starts[m] = offset + span * permute(i[m], n, key)
+    return starts
 
 
 def val_starts(n_val: int, block_size: int, n_windows: int) -> np.ndarray:
@@ -267,8 +162,16 @@ def val_starts(n_val: int, block_size: int, n_windows: int) -> np.ndarray:
     return np.unique(np.linspace(0, hi, n).astype(np.int64))
 
 
+def data_rank() -> tuple[int, int]:
+    """(world size, rank) of the data-parallel process group, (1, 0) outside one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
+# ---------------------------------------------------------------------------------------------- loaders
 class TrainBatches(torch.utils.data.IterableDataset):
-    """Endless random training batches; batch ``j`` of rank ``r`` is global batch ``j * world + r``."""
+    """Endless training batches; batch ``j`` of rank ``r`` is global batch ``j * world + r``."""
 
     def __init__(self, dm: "TokenDataModule", start: int):
         self.dm, self.start = dm, start
@@ -276,9 +179,7 @@ class TrainBatches(torch.utils.data.IterableDataset):
     def __iter__(self):
         dm = self.dm
         tokens = dm.tokens()
-        world, rank = 1, 0
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        world, rank = data_rank()
         j = self.start
         while True:
             s = train_starts(dm.seed, j * world + rank, dm.batch_size, dm.td.n_train, dm.block_size)
@@ -317,12 +218,12 @@ class TokenDataModule(_lightning_datamodule_base()):
         self.position = 0
         self._tokens = None
 
-    def __getstate__(self):  # ddp_spawn pickles the data module: reopen the memmap in the worker
+    def __getstate__(self):  # ddp_spawn pickles the data module: reopen the memmaps in the worker
         d = dict(self.__dict__)
         d["_tokens"] = None
         return d
 
-    def tokens(self) -> np.memmap:
+    def tokens(self) -> TokenStream:
         if self._tokens is None:
             self._tokens = self.td.memmap()
         return self._tokens

@@ -106,14 +106,15 @@ def test_missing_local_corpus_is_one_clear_line(tmp_path):
                      "byte")
 
 
-def test_pystdlib_order_is_deterministic():
-    from ablations.data import pystdlib_docs
+def test_pystdlib_order_is_deterministic(tmp_path):
+    from ablations.sources import pystdlib_source
 
-    docs = pystdlib_docs()
-    names = [n for n, _ in docs]
-    assert names == sorted(names) and len(docs) > 200
-    assert sum(len(t) for _, t in docs) > 2_000_000
+    src = pystdlib_source(OmegaConf.create({"cache_dir": str(tmp_path)}))
+    names = src.keys
+    assert names == sorted(names) and len(names) > 200 and src.n_docs == len(names)
+    assert src.total_bytes > 2_000_000
     assert not any(n.startswith(("test/", "site-packages/")) for n in names)
+    assert pystdlib_source(OmegaConf.create({"cache_dir": str(tmp_path)})).fingerprint == src.fingerprint
 
 
 def test_shakespeare_local_copy_from_env_and_text_directory(tmp_path, shakespeare_path, monkeypatch):

@@ -1,0 +1,270 @@
+"""Section `data`: how fast corpora are prepared and read, and that memory does not grow with the corpus.
+
+On corpora generated here (English-like prose: words drawn by their frequency in the standard library's comments
+and docstrings, in sentences and paragraphs, ~3 KB documents, written as parquet shards like FineWeb-edu's):
+
+- prepare: `ablations.prepare` end to end (parquet -> gpt2 shards with checksums and manifest, `num_proc` = the
+  threads) in MB of text per second, against tiktoken's own `encode_ordinary_batch` with the same number of threads
+  on the same texts already in memory (the physical reference: it only encodes). Target >= 0.8x. Rounds alternate
+  the two; the best of each is kept.
+- loader: tokens/sec of the training loader (`TokenDataModule`, windows of gpt2-124m's 1024 + 1 tokens across
+  shards) against tokens/sec of one gpt2-124m training step (forward, backward, AdamW) on this device. Target >= 20x.
+- memory: peak memory of `python -m ablations.prepare` and of a short `python -m ablations.run` on a corpus of
+  ~100 MB and on one of ~1 GB (--quick: 10 MB and 100 MB), sampled every 0.25 s over the process tree: PSS (every
+  page, shared ones split between the processes that map them) and private anonymous memory (RSS minus file-backed
+  and shared pages). The peak must not grow with the corpus.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ablations.compose import CONF_DIR, compose
+
+from .core import Bench, Figures, Section, fmt, model_dict, section
+from .timing import best_time
+from .train import BareTrainer
+
+REPO = CONF_DIR.parent
+DOC_BYTES = 3000
+
+
+# -------------------------------------------------------------------------------------------- the corpus
+def word_table(max_files: int = 400) -> tuple[list[str], np.ndarray]:
+    """(words, probabilities) of lowercase words in the standard library's text (a fixed, offline sample)."""
+    counts: dict[str, int] = {}
+    base = Path(sysconfig.get_paths()["stdlib"])
+    for p in sorted(base.glob("*.py"))[:max_files]:
+        for w in re.findall(r"[a-z]{2,14}", p.read_text(encoding="utf-8", errors="ignore")):
+            counts[w] = counts.get(w, 0) + 1
+    words = sorted(counts, key=lambda w: (-counts[w], w))[:20000]
+    freq = np.array([counts[w] for w in words], dtype=np.float64)
+    return words, freq / freq.sum()
+
+
+def documents(total_bytes: int, seed: int = 0):
+    """English-like documents of ~DOC_BYTES bytes until `total_bytes` (deterministic in seed)."""
+    words, p = word_table()
+    rng = np.random.default_rng(seed)
+    made = 0
+    while made < total_bytes:
+        ids = rng.choice(len(words), size=DOC_BYTES // 6, p=p)
+        lens = rng.integers(6, 24, size=len(ids) // 6 + 1)
+        sentences, i = [], 0
+        for n in lens:
+            chunk = [words[k] for k in ids[i:i + n]]
+            if not chunk:
+                break
+            sentences.append(" ".join(chunk).capitalize() + rng.choice([".", ".", ".", "?", "!", ","]))
+            i += n
+        paras = [" ".join(sentences[j:j + 5]) for j in range(0, len(sentences), 5)]
+        doc = "\n\n".join(paras)
+        made += len(doc)
+        yield doc
+
+
+def write_corpus(folder: Path, total_bytes: int, seed: int = 0, file_bytes: int = 64 << 20) -> int:
+    """Parquet files of ~file_bytes of text each (row groups of 1,000 documents), -> documents written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    k, n, rows, size, writer = 0, 0, [], 0, None
+    for doc in documents(total_bytes, seed):
+        rows.append(doc)
+        size += len(doc)
+        n += 1
+        if len(rows) == 1000:
+            if writer is None:
+                writer = pq.ParquetWriter(folder / f"train-{k:05d}.parquet", pa.schema([("text", pa.string())]))
+            writer.write_table(pa.table({"text": rows}))
+            rows = []
+            if size >= file_bytes:
+                writer.close()
+                writer, size, k = None, 0, k + 1
+    if rows:
+        writer = writer or pq.ParquetWriter(folder / f"train-{k:05d}.parquet", pa.schema([("text", pa.string())]))
+        writer.write_table(pa.table({"text": rows}))
+    if writer is not None:
+        writer.close()
+    return n
+
+
+def hf_overrides(folder: Path, cache: Path, num_proc: int, shards: Path | None = None) -> list[str]:
+    out = ["data=hf", f"data.path={folder}", "data.streaming=true", f"data.num_proc={num_proc}",
+           f"data.cache_dir={cache}", "tokenizer=gpt2"]
+    return out + ([f"data.shards_dir={shards}"] if shards else [])
+
+
+# ------------------------------------------------------------------------------------------ measurements
+def prepare_vs_tiktoken(folder: Path, work: Path, threads: int, rounds: int, log) -> dict:
+    """MB/s of ablations.prepare (end to end) and of tiktoken's batch encoder on the same texts, best of rounds."""
+    import pyarrow.parquet as pq
+
+    from ablations.prepare import prepare
+    from ablations.tokenizers import load_tiktoken_gpt2
+
+    texts = [t for f in sorted(folder.glob("*.parquet")) for t in pq.read_table(f).column("text").to_pylist()]
+    mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    enc = load_tiktoken_gpt2()
+    ours, ref, last = [], [], None
+    for r in range(rounds):
+        cfg = compose(hf_overrides(folder, work / "cache", threads, work / f"shards-{r}")).data
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            last = prepare(cfg, "gpt2", verify=False)
+        ours.append(mb / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        enc.encode_ordinary_batch(texts, num_threads=threads)
+        ref.append(mb / (time.perf_counter() - t0))
+        log(f"data: round {r + 1}: prepare {ours[-1]:.2f} MB/s, tiktoken batch {ref[-1]:.2f} MB/s")
+        if r < rounds - 1:
+            shutil.rmtree(work / f"shards-{r}")
+    return {"text_mb": mb, "documents": len(texts), "processes": threads, "prepare_mb_per_sec": max(ours),
+            "tiktoken_batch_mb_per_sec": max(ref), "ratio": max(ours) / max(ref), "shards": str(last[0])}
+
+
+def loader_vs_step(shards: Path, device: str, steps: int, log) -> dict:
+    """Training loader tokens/s against one gpt2-124m training step's tokens/s."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from ablations.data import TokenDataModule, open_shards
+    from ablations.shards import read_manifest
+    from ablations.tokenizers import build_tokenizer
+
+    cfg = compose(["model=gpt2-124m", "tokenizer=gpt2"])
+    model_cfg = model_dict(cfg)
+    block = int(model_cfg["block_size"])
+    td = open_shards(shards, read_manifest(shards), build_tokenizer("gpt2"))
+    dm = TokenDataModule(td, block, int(cfg.data.batch_size), seed=0)
+    it = iter(dm.train_dataloader())
+    next(it)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 3.0:
+        x, _ = next(it)
+        n += x.numel()
+    loader = n / (time.perf_counter() - t0)
+    batch = 1 if device == "cpu" else int(cfg.data.batch_size)  # a 124M step on CPU: one sequence is seconds
+    x, y = next(it)
+    windows = torch.cat((x[:batch], y[:batch, -1:]), dim=1)[None]  # (1, B, T+1): a real batch of the loader
+    trainer = BareTrainer(model_cfg, windows, "32-true", False, OmegaConf.to_container(cfg.optim), device)
+    step = batch * block / best_time(trainer.step, steps, device)  # after one untimed warm-up step
+    log(f"data: gpt2-124m training step: {step:,.0f} tokens/s")
+    return {"loader_tokens_per_sec": loader, "step_tokens_per_sec": step, "ratio": loader / step,
+            "step_batch": batch, "loader_batch": int(cfg.data.batch_size), "block_size": block}
+
+
+def peak_memory(cmd: list[str], cwd: Path) -> dict:
+    """Run `cmd`; -> its wall time and the peak PSS and private anonymous bytes of its process tree."""
+    import psutil
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = {"pss": 0, "anon": 0, "main_rss": 0}
+
+    def sample():
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            pss = anon = 0
+            with contextlib.suppress(psutil.Error):
+                for p in [root, *root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        mi = p.memory_info()
+                        anon += mi.rss - mi.shared
+                        pss += p.memory_full_info().pss
+                peak["main_rss"] = max(peak["main_rss"], root.memory_info().rss)
+            peak["pss"], peak["anon"] = max(peak["pss"], pss), max(peak["anon"], anon)
+            time.sleep(0.25)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    out, err = proc.communicate()
+    th.join()
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed: {err.strip().splitlines()[-1] if err.strip() else ''}")
+    return {**peak, "wall_sec": time.perf_counter() - t0}
+
+
+def memory_flat(work: Path, sizes: tuple[int, int], threads: int, log) -> dict:
+    """Peak memory of prepare and of a short training run, on a small and a 10x larger generated corpus."""
+    out = {}
+    for size in sizes:
+        folder, cache, tag = work / f"corpus-{size >> 20}MB", work / f"cache-{size >> 20}MB", f"{size >> 20}MB"
+        log(f"data: generating a {tag} corpus")
+        t0 = time.perf_counter()
+        docs = write_corpus(folder, size, seed=size)
+        log(f"data: {docs:,} documents in {time.perf_counter() - t0:.0f} s; preparing it")
+        prep = peak_memory([sys.executable, "-m", "ablations.prepare", *hf_overrides(folder, cache, threads)], work)
+        log(f"data: prepared {tag} in {prep['wall_sec']:.0f} s; training on it")
+        train = peak_memory([sys.executable, "-m", "ablations.run", *hf_overrides(folder, cache, threads),
+                             "model=tiny", "data.batch_size=32", "trainer.max_steps=200", "trainer.val_check_interval=100",
+                             "trainer.enable_progress_bar=false", "threads=1", f"tracking.uri=sqlite:///{work}/mlflow.db",
+                             f"checkpoint.dir={work}/ckpt-{tag}", "generate.max_new_tokens=4",
+                             "generate.bench_decode_tokens=4"], work)
+        text_mb = size / 1e6
+        out[tag] = {"text_mb": text_mb, "documents": docs, "prepare": prep, "train": train,
+                    "prepare_mb_per_sec": text_mb / prep["wall_sec"]}
+        shutil.rmtree(folder)
+        shutil.rmtree(cache)
+    return out
+
+
+@section
+class Data(Section):
+    name, order = "data", 80
+
+    def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
+        import torch
+
+        threads = bench.opts.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                         else os.cpu_count() or 1)
+        quick = bench.opts.quick
+        work = Path(tempfile.mkdtemp(prefix="ablations-bench-data-"))
+        try:
+            corpus = work / "tokenize"
+            write_corpus(corpus, (4 if quick else 32) << 20)
+            tok = prepare_vs_tiktoken(corpus, work, threads, bench.rounds if not quick else 2, bench.log)
+            nthreads = torch.get_num_threads()
+            load = loader_vs_step(Path(tok["shards"]), bench.device, bench.opts.steps or 2, bench.log)
+            torch.set_num_threads(nthreads)
+            sizes = (10 << 20, 100 << 20) if quick else (100 << 20, 1000 << 20)
+            mem = memory_flat(work, sizes, threads, bench.log)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        small, large = mem.values()
+        gib = 2**30
+
+        def peaks(which):
+            return (f"PSS {small[which]['pss'] / gib:.2f} -> {large[which]['pss'] / gib:.2f} GiB, private "
+                    f"{small[which]['anon'] / gib:.2f} -> {large[which]['anon'] / gib:.2f} GiB "
+                    f"(x{large[which]['pss'] / small[which]['pss']:.2f} for x{large['text_mb'] / small['text_mb']:.0f}"
+                    f" the text)")
+
+        sm, lg = list(mem)
+        rows = [("data: prepare (parquet -> gpt2 shards)",
+                 f"{tok['prepare_mb_per_sec']:.2f} MB/s with {threads} processes vs tiktoken encode_ordinary_batch "
+                 f"{threads} threads {tok['tiktoken_batch_mb_per_sec']:.2f} MB/s = {tok['ratio']:.2f}x "
+                 f"(target >= 0.8x; {tok['text_mb']:.0f} MB of text)"),
+                ("data: loader vs gpt2-124m training step",
+                 f"{fmt(load['loader_tokens_per_sec'], 'tokens/s')} vs {fmt(load['step_tokens_per_sec'], 'tokens/s')}"
+                 f" = {load['ratio']:,.0f}x (target >= 20x)"),
+                (f"data: peak memory, prepare {sm} -> {lg}", peaks("prepare")),
+                (f"data: peak memory, train {sm} -> {lg}", peaks("train")),
+                (f"data: prepare rate, {lg} corpus", f"{large['prepare_mb_per_sec']:.2f} MB/s end to end "
+                 f"({large['prepare']['wall_sec']:.0f} s, {threads} processes)")]
+        return Figures({"data": {"prepare": tok, "loader": load, "memory": mem}}, rows)

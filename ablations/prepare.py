@@ -1,0 +1,518 @@
+"""`python -m ablations.prepare data=... tokenizer=...`: tokenize a corpus into token shards with N processes.
+
+The corpus (an ``ablations.sources.Source``) is read in order in this process and handed out in batches of
+documents to ``data.num_proc`` worker processes, which split and tokenize them; the results come back in corpus
+order, so the shards do not depend on how the workers were scheduled. Each split (train, val) is one token stream,
+documents joined by the tokenizer's separator, cut into shards of exactly ``data.shard_tokens`` tokens (the last one
+shorter), each written atomically (``ablations.shards``), then ``manifest.json``.
+
+Resume: every shard's header records where its split's next shard starts (document index, offset into that
+document's tokens, and the counts so far). A re-run verifies the shards on disk, keeps the complete ones and
+restarts the corpus at the earliest unfinished point; what it writes is byte-identical to an uninterrupted run.
+
+The train/val split (``split_parts``): a document goes to val when the sha256 of its name (the relative path for file
+corpora, ``data.id_column`` when set, else its index in the corpus) falls below ``val_fraction``; a corpus of fewer
+than 20 documents, or one whose documents all land on one side, cuts each document at a line break near
+``1 - val_fraction`` of its length instead. Both rules read only the text, not the tokenizer, so bits per byte
+compare across tokenizers.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError, DataError, TokenizerError
+from .shards import (FORMAT_VERSION, MANIFEST, SPLITS, dtype_for, read_header, read_manifest, shard_name,
+                     verify_shard, write_manifest, write_shard)
+from .sources import Source, atomic_write_bytes, default_cache_dir, open_source
+from .tokenizers import CharTokenizer, Tokenizer, build_tokenizer, tokenizer_from_identity
+
+MIN_DOCS_FOR_DOC_SPLIT = 20
+CHECK_SIDES_MAX_DOCS = 100_000     # up to this many named documents, both sides of the split are checked up front
+SMALL_CORPUS_BYTES = 4 << 20       # below this, one process: starting workers costs more than they save
+BATCH_BYTES, BATCH_DOCS = 1 << 20, 1024  # one task for a worker
+PLAN = "plan.json"
+
+
+# -------------------------------------------------------------------------------------------- the split
+def check_val_fraction(val_fraction) -> float:
+    vf = float(val_fraction)
+    if not 0.0 < vf < 1.0:
+        raise ConfigError(f"data.val_fraction={val_fraction} must be in (0, 1), e.g. 0.1")
+    return vf
+
+
+def is_val(key: str, val_fraction: float) -> bool:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") < int(val_fraction * 2**32)
+
+
+def split_parts(key: str, text: str, rule: str, val_fraction: float) -> list[tuple[str, str]]:
+    """[(split, text)] of one document: itself under the document rule, else its two halves (empty parts dropped)."""
+    if rule == "document":
+        return [("val" if is_val(key, val_fraction) else "train", text)]
+    i = int(len(text) * (1.0 - val_fraction))  # cut at the line break after (1 - val_fraction) of the text
+    j = text.find("\n", i)
+    i = j + 1 if 0 <= j < len(text) - 1 else i
+    return [(s, t) for s, t in (("train", text[:i]), ("val", text[i:])) if t]
+
+
+def choose_rule(keys: list[str] | None, n_docs: int | None, val_fraction: float) -> str:
+    """"cut" for fewer than 20 documents, or when (checked for up to 100k known names) one side would be empty."""
+    if n_docs is not None and n_docs < MIN_DOCS_FOR_DOC_SPLIT:
+        return "cut"
+    if keys is not None and len(keys) <= CHECK_SIDES_MAX_DOCS:
+        n_val = sum(is_val(k, val_fraction) for k in keys)
+        if n_val in (0, len(keys)):
+            return "cut"
+    return "document"
+
+
+# ------------------------------------------------------------------------------------------ the workers
+_W: dict = {}  # per-process state: tokenizer (None while scanning for the char vocabulary), rule, val_fraction
+
+
+def _init_worker(identity, rule, val_fraction, dtype, parent: int | None = None) -> None:
+    _W.update(tok=tokenizer_from_identity(identity) if identity else None, rule=rule, vf=val_fraction, dtype=dtype)
+    if parent:  # a worker whose parent was killed (kill -9) exits instead of waiting on its queue forever
+        threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _encode(batch):
+    """[(index, key, text)] -> [(index, [(split, tokens, utf-8 bytes)] or None for an empty document)]."""
+    tok, dtype, out = _W["tok"], _W["dtype"], []
+    for index, key, text in batch:
+        parts = [(s, tok.encode_np(t).astype(dtype), len(t.encode("utf-8")))
+                 for s, t in split_parts(key, text, _W["rule"], _W["vf"])] if text else None
+        out.append((index, parts))
+    return out
+
+
+def _scan(batch):
+    """The char tokenizer's vocabulary pass: -> (code points seen, non-empty parts per split)."""
+    seen, parts = set(), {"train": 0, "val": 0}
+    for _, key, text in batch:
+        for s, t in split_parts(key, text, _W["rule"], _W["vf"]):
+            seen.update(np.unique(np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32)).tolist())
+            parts[s] += 1
+    return seen, parts
+
+
+class _Workers:
+    """`map(fn, items)` in corpus order over a process pool (or in this process for one), never more than
+    2 x num_proc batches in flight, so memory does not grow with the corpus."""
+
+    def __init__(self, num_proc: int, initargs: tuple):
+        self.num_proc, self.pool = num_proc, None
+        if num_proc > 1:
+            # fork where there is one (as torch's DataLoader and datasets' map do): spawn would re-import the
+            # caller's __main__ in every worker. The workers use only numpy and the tokenizer, no threads.
+            methods = multiprocessing.get_all_start_methods()
+            ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            self.pool = ctx.Pool(num_proc, initializer=_init_worker, initargs=(*initargs, os.getpid()))
+        else:
+            _init_worker(*initargs)
+
+    def map(self, fn, items):
+        if self.pool is None:
+            yield from map(fn, items)
+            return
+        pending = deque()
+        for item in items:
+            pending.append(self.pool.apply_async(fn, (item,)))
+            if len(pending) >= 2 * self.num_proc:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+def check_columns(ds, src: Source) -> None:
+    cols = ds.column_names
+    if cols is None:  # some streamed builders know their columns only after the first row
+        first = next(iter(ds), None)
+        cols = list(first) if first else []
+    for what, col in (("text_column", src.text_column), ("id_column", src.key_column)):
+        if col and col not in cols:
+            raise DataError(f"data.{what}={col} is not a column of {src.label}: its columns are "
+                            f"{', '.join(cols) or '(none)'}; pass data.{what}=<one of them>")
+
+
+def doc_batches(ds, src: Source, start: int = 0):
+    """[(index, key, text)] batches of about 1 MB of text, in corpus order, from document `start` on."""
+    if start:
+        ds = ds.skip(start)
+    index, batch, size = start, [], 0
+    for rows in ds.iter(batch_size=256):
+        keys = rows[src.key_column] if src.key_column else None
+        for i, text in enumerate(rows[src.text_column]):
+            if text is not None and not isinstance(text, str):
+                raise DataError(f"data.text_column={src.text_column} of {src.label} holds {type(text).__name__} "
+                                f"values, not text: pass the column that holds the documents' text")
+            batch.append((index, str(keys[i]) if keys else str(index), text or ""))
+            index, size = index + 1, size + len(text or "")
+            if size >= BATCH_BYTES or len(batch) >= BATCH_DOCS:
+                yield batch
+                batch, size = [], 0
+    if batch:
+        yield batch
+
+
+# -------------------------------------------------------------------------------------- writing shards
+@dataclass
+class _Piece:
+    """Buffered tokens of one document: from token `off` of its contribution to the stream (separator included);
+    `before`/`after`: the stream's (docs, bytes, empty docs before it) before it begins / once it has begun."""
+
+    doc: int
+    off: int
+    toks: np.ndarray
+    before: tuple
+    after: tuple
+
+
+class SplitWriter:
+    """One split's token stream, cut into shards of `size` tokens; resumes from the cursor of its last shard."""
+
+    def __init__(self, folder: Path, split: str, size: int, dtype: str, sep: int | None, resume: dict | None,
+                 records: list[dict]):
+        c = resume or {"shards": 0, "tokens": 0, "docs": 0, "bytes": 0, "next_doc": 0, "next_offset": 0, "empty": 0}
+        self.folder, self.split, self.size, self.dtype, self.sep = folder, split, int(size), dtype, sep
+        self.records = records
+        self.k, self.tokens, self.docs, self.bytes = c["shards"], c["tokens"], c["docs"], c["bytes"]
+        self.next_doc, self.next_off, self.resume_empty = c["next_doc"], c["next_offset"], c["empty"]
+        self.pieces: deque[_Piece] = deque()
+        self.n = 0
+        self.last = (self.next_doc - 1, self.resume_empty)  # (last document added, empty documents before it)
+
+    def add(self, index: int, toks: np.ndarray, nbytes: int, empty_before: int) -> None:
+        if index < self.next_doc:
+            return  # already in a shard on disk
+        resumed = index == self.next_doc and self.next_off > 0  # this document began in the previous shard
+        sep = self.sep is not None and self.docs - resumed > 0
+        part = np.concatenate((np.array([self.sep], dtype=self.dtype), toks)) if sep else toks
+        before = (self.docs, self.bytes, empty_before)
+        if resumed:
+            part, off, self.next_off = part[self.next_off:], self.next_off, 0
+        else:
+            off = 0
+            self.docs, self.bytes = self.docs + 1, self.bytes + nbytes + sep
+        self.pieces.append(_Piece(index, off, part, before, (self.docs, self.bytes, empty_before)))
+        self.n += len(part)
+        self.last = (index, empty_before)
+        while self.n >= self.size:
+            self._emit(self.size)
+
+    def _emit(self, count: int) -> None:
+        chunks, need = [], count
+        while need:
+            p = self.pieces[0]
+            if len(p.toks) <= need:
+                chunks.append(p.toks)
+                need -= len(p.toks)
+                self.pieces.popleft()
+            else:  # the shard ends inside this document: the rest starts the next shard
+                chunks.append(p.toks[:need])
+                p.toks, p.off, p.before, need = p.toks[need:], p.off + need, p.after, 0
+        self.n -= count
+        self.tokens += count
+        if self.pieces:
+            p = self.pieces[0]
+            nxt, (docs, nbytes, empty) = (p.doc, p.off), p.before
+        else:
+            nxt, (docs, nbytes), empty = (self.last[0] + 1, 0), (self.docs, self.bytes), self.last[1]
+        cursor = {"shards": self.k + 1, "tokens": self.tokens, "docs": docs, "bytes": nbytes,
+                  "next_doc": nxt[0], "next_offset": nxt[1], "empty": empty}
+        name = shard_name(self.split, self.k)
+        sha = write_shard(self.folder / name, np.concatenate(chunks) if len(chunks) > 1 else chunks[0], self.dtype,
+                          cursor)
+        self.records.append({"file": name, "tokens": count, "sha256": sha})
+        self.k += 1
+
+    def finish(self) -> None:
+        if self.n:
+            self._emit(self.n)
+
+
+def existing_shards(folder: Path, split: str) -> tuple[list[dict], dict | None]:
+    """The complete, verified shards 0..k-1 of `split` on disk (a bad one and those after it are deleted), and the
+    cursor to resume from."""
+    records, cursor, k = [], None, 0
+    while (folder / shard_name(split, k)).is_file():
+        path = folder / shard_name(split, k)
+        try:
+            head = verify_shard(path)
+        except DataError:
+            for later in folder.glob(f"{split}-*.bin"):
+                if int(later.stem.split("-")[1]) >= k:
+                    later.unlink()
+            break
+        records.append({"file": path.name, "tokens": head.n_tokens, "sha256": head.sha256})
+        cursor = head.cursor
+        k += 1
+    return records, cursor
+
+
+# ----------------------------------------------------------------------------------------------- progress
+def say(text: str) -> None:
+    print(f"[ablations] {text}", flush=True)
+
+
+class Progress:
+    """A tqdm bar on a terminal; otherwise a line about every 5% (or 30 s when the total is unknown)."""
+
+    def __init__(self, total_docs: int | None, done_docs: int):
+        self.total, self.done, self.t0, self.mb = total_docs, done_docs, time.perf_counter(), 0.0
+        self.bar, self.next_line = None, time.perf_counter() + 30
+        if sys.stdout.isatty():  # ablations.progress.wants_lines' rule, without importing Lightning for it
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_docs, initial=done_docs, unit="doc", dynamic_ncols=True, file=sys.stdout)
+
+    def update(self, docs: int, text_bytes: int) -> None:
+        self.done, self.mb = self.done + docs, self.mb + text_bytes / 1e6
+        rate = self.mb / max(1e-9, time.perf_counter() - self.t0)
+        if self.bar is not None:
+            self.bar.update(docs)
+            self.bar.set_postfix_str(f"{rate:.2f} MB/s")
+            return
+        step = max(1, (self.total or 0) // 20)
+        due = self.total and self.done // step != (self.done - docs) // step
+        if due or (not self.total and time.perf_counter() >= self.next_line):
+            self.next_line = time.perf_counter() + 30
+            of = f"/{self.total:,}" if self.total else ""
+            say(f"prepare: {self.done:,}{of} documents | {self.mb:,.1f} MB | {rate:.2f} MB/s")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ------------------------------------------------------------------------------------------------ prepare
+def shards_folder(data_cfg, src: Source, tokenizer_name: str) -> Path:
+    if data_cfg.get("shards_dir"):
+        return Path(str(data_cfg.shards_dir)).expanduser()
+    key = json.dumps([src.fingerprint, tokenizer_name, float(data_cfg.get("val_fraction", 0.1)),
+                      int(data_cfg.get("shard_tokens") or 10**8), FORMAT_VERSION])
+    name = f"{data_cfg.get('name')}-{tokenizer_name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+    return default_cache_dir(data_cfg.get("cache_dir")) / "tokens" / name
+
+
+def check_manifest(m: dict, folder: Path, src: Source, tokenizer_name: str, tok: Tokenizer | None) -> Tokenizer:
+    """The manifest is this corpus's and this tokenizer's -> the tokenizer it was prepared with."""
+    if m["corpus"]["fingerprint"] != src.fingerprint:
+        raise DataError(f"data.shards_dir={folder} holds another corpus (fingerprint {m['corpus']['fingerprint'][:12]}"
+                        f", {src.label} is {src.fingerprint[:12]}): point data.shards_dir at another folder")
+    ident = m["tokenizer"]
+    if ident.get("name") != tokenizer_name:
+        raise TokenizerError(f"{folder} was prepared with tokenizer={ident.get('name')}, not tokenizer="
+                             f"{tokenizer_name}: pass tokenizer={ident.get('name')} or another data.shards_dir")
+    if tok is None:  # char: the vocabulary is the corpus's, recorded in the manifest
+        return tokenizer_from_identity(ident)
+    if tok.identity() != ident:
+        raise TokenizerError(f"{folder} was prepared with a {tokenizer_name} tokenizer of hash "
+                             f"{m.get('tokenizer_hash', '?')[:12]}, this one has hash {tok.hash[:12]}: use the "
+                             f"tokenizer files it was prepared with, or delete {folder} and re-run prepare")
+    return tok
+
+
+def verify_all(folder: Path, m: dict) -> bool:
+    """Every shard of the manifest against its sha256; a bad one is deleted with the manifest -> False."""
+    for split in SPLITS:
+        for rec in m["splits"][split]["shards"]:
+            try:
+                verify_shard(folder / rec["file"], rec["sha256"])
+            except DataError as e:
+                say(f"prepare: {str(e).split(':')[0]} is bad; rewriting it")
+                (folder / MANIFEST).unlink(missing_ok=True)
+                return False
+    return True
+
+
+def resolve_num_proc(data_cfg, src: Source) -> int:
+    n = data_cfg.get("num_proc")
+    if n is None:
+        if src.total_bytes is not None and src.total_bytes < SMALL_CORPUS_BYTES:
+            return 1
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"data.num_proc={n} must be a positive integer (or null: one per core)")
+    return n
+
+
+def _char_tokenizer(ds, src, rule, vf, num_proc) -> CharTokenizer:
+    seen, parts = set(), {"train": 0, "val": 0}
+    with _Workers(num_proc, (None, rule, vf, "uint32")) as w:
+        for s, p in w.map(_scan, doc_batches(ds, src)):
+            seen |= s
+            parts = {k: parts[k] + p[k] for k in parts}
+    if parts["train"] > 1 or parts["val"] > 1:
+        seen.add(ord(CharTokenizer.SEP))
+    if not seen:
+        raise DataError(f"{src.label} has no non-empty document: check the corpus (and data.text_column)")
+    return CharTokenizer([chr(c) for c in sorted(seen)])
+
+
+def _start_plan(folder: Path, plan: dict) -> None:
+    """Record what decides the shard bytes; shards made under another plan are removed first."""
+    p = folder / PLAN
+    try:
+        old = json.loads(p.read_text()) if p.is_file() else None
+    except (OSError, ValueError):
+        old = {}
+    if old != plan:
+        for f in [*folder.glob("train-*.bin"), *folder.glob("val-*.bin"), folder / MANIFEST]:
+            f.unlink(missing_ok=True)
+        atomic_write_bytes(p, json.dumps(plan, sort_keys=True).encode())
+    for tmp in folder.glob(".*.tmp"):  # left by a killed writer: never a shard
+        tmp.unlink(missing_ok=True)
+
+
+def _tokenize(ds, src: Source, writers: dict, tok: Tokenizer, plan: dict, num_proc: int, n_docs) -> tuple[int, int]:
+    """The main pass -> (documents in the corpus, empty documents)."""
+    w0 = min(writers.values(), key=lambda w: w.next_doc)
+    start, empty, total = w0.next_doc, w0.resume_empty, w0.next_doc
+    progress = Progress(n_docs, start)
+    try:
+        with _Workers(num_proc, (tok.identity(), plan["rule"], plan["val_fraction"], plan["dtype"])) as workers:
+            for results in workers.map(_encode, doc_batches(ds, src, start)):
+                nbytes = 0
+                for index, parts in results:
+                    if parts is None:
+                        empty += 1
+                        continue
+                    for split, toks, b in parts:
+                        writers[split].add(index, toks, b, empty)
+                        nbytes += b
+                total = results[-1][0] + 1
+                progress.update(len(results), nbytes)
+    finally:
+        progress.close()
+    for w in writers.values():
+        w.finish()
+    return total, empty
+
+
+def _check_sides(writers: dict, src: Source, rule: str, vf: float, n_docs: int, empty: int) -> None:
+    if not writers["train"].docs and not writers["val"].docs:
+        raise DataError(f"{src.label} has no non-empty document ({empty} empty): check the corpus and "
+                        f"data.text_column={src.text_column}")
+    for split in SPLITS:
+        if not writers[split].tokens:
+            if rule == "cut":
+                raise DataError(f"{src.label} is too small to split with data.val_fraction={vf}: use a longer corpus")
+            raise DataError(f"data.val_fraction={vf} put none of the {n_docs} documents of {src.label} in the {split} "
+                            f"split: change data.val_fraction")
+
+
+def prepare(data_cfg, tokenizer_name: str, verify: bool = True) -> tuple[Path, dict, Tokenizer]:
+    """Tokenize the corpus into shards unless its manifest exists -> (folder, manifest, tokenizer).
+    `verify`: check every shard's sha256 (a bad one is rewritten); without it only headers and sizes are checked,
+    when the shards are opened."""
+    src = open_source(data_cfg)
+    folder = shards_folder(data_cfg, src, tokenizer_name)
+    vf = check_val_fraction(data_cfg.get("val_fraction", 0.1))
+    tok = None if tokenizer_name == "char" else build_tokenizer(tokenizer_name)
+    m = read_manifest(folder)
+    if m is not None:
+        tok = check_manifest(m, folder, src, tokenizer_name, tok)
+        if not verify or verify_all(folder, m):
+            return folder, m, tok
+    size = data_cfg.get("shard_tokens") or 10**8
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"data.shard_tokens={size} must be a positive integer, e.g. 100000000")
+    num_proc = resolve_num_proc(data_cfg, src)
+    ds = src.build()
+    check_columns(ds, src)
+    n_docs = src.n_docs if src.n_docs is not None else (len(ds) if hasattr(ds, "__len__") else None)
+    keys = src.keys if src.keys is not None else (
+        [str(i) for i in range(n_docs)] if n_docs is not None and not src.key_column else None)
+    rule = choose_rule(keys, n_docs, vf)
+    if tok is None:
+        tok = _char_tokenizer(ds, src, rule, vf, num_proc)
+    dtype = dtype_for(tok.vocab_size)
+    plan = {"format": FORMAT_VERSION, "fingerprint": src.fingerprint, "tokenizer": tok.identity(), "dtype": dtype,
+            "shard_tokens": size, "rule": rule, "val_fraction": vf, "text_column": src.text_column,
+            "key_column": src.key_column}
+    folder.mkdir(parents=True, exist_ok=True)
+    _start_plan(folder, plan)
+    writers = {}
+    for split in SPLITS:
+        records, cursor = existing_shards(folder, split)
+        writers[split] = SplitWriter(folder, split, size, dtype, tok.sep_id, cursor, records)
+    done = sum(len(w.records) for w in writers.values())
+    say(f"prepare: {src.label} with tokenizer={tok.name} -> {folder} ({num_proc} process{'es' * (num_proc > 1)}"
+        + (f"; resuming after {done} finished shards)" if done else ")"))
+    t0 = time.perf_counter()
+    total, empty = _tokenize(ds, src, writers, tok, plan, num_proc, n_docs)
+    empty += src.empty
+    _check_sides(writers, src, rule, vf, total, empty)
+    m = {"format": FORMAT_VERSION, "dtype": dtype, "shard_tokens": size, "tokenizer": tok.identity(),
+         "tokenizer_hash": tok.hash,
+         "corpus": {"label": src.label, "fingerprint": src.fingerprint, "documents": total + src.empty,
+                    "empty_documents": empty, "split_rule": rule, "val_fraction": vf, **src.info},
+         "splits": {s: {"documents": w.docs, "bytes": w.bytes, "tokens": w.tokens, "shards": w.records}
+                    for s, w in writers.items()}}
+    write_manifest(folder, m)
+    secs = time.perf_counter() - t0
+    mb = (m["splits"]["train"]["bytes"] + m["splits"]["val"]["bytes"]) / 1e6
+    say(f"prepared: {total:,} documents ({empty:,} empty, skipped) -> {m['splits']['train']['tokens']:,} train + "
+        f"{m['splits']['val']['tokens']:,} val tokens in {sum(len(w.records) for w in writers.values())} shards | "
+        f"{mb / max(secs, 1e-9):.2f} MB/s")
+    return folder, m, tok
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def main(argv: list[str]) -> int:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from .errors import AblationsError, exit_code
+    from .run import CONF_DIR, check_config_keys, check_group_overrides
+
+    err = check_group_overrides(argv) or check_config_keys(argv)
+    if err:
+        print(err, file=sys.stderr)
+        return 2
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=argv)
+    except HydraException as e:
+        print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    try:
+        folder, m, tok = prepare(cfg.data, str(cfg.tokenizer.name), verify=True)
+    except AblationsError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return exit_code(e)
+    n = sum(len(m["splits"][s]["shards"]) for s in SPLITS)
+    say(f"ready: {folder} ({n} shards verified, {m['splits']['train']['tokens']:,} train + "
+        f"{m['splits']['val']['tokens']:,} val tokens, tokenizer {tok.name} {tok.hash[:12]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
