@@ -23,29 +23,39 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class _RMSNormFn(torch.autograd.Function):
+    # Every call below is a kernel launch (~µs each on CPU at these sizes, as much as the arithmetic): the fp32
+    # path makes no dtype conversions and no autocast switch, and the centring term is one addcmul_.
     @staticmethod
     def forward(ctx, x, weight, eps: float):  # x (..., d), weight (d,)
-        xf = x.to(_compute_dtype(x))
+        ct = _compute_dtype(x)
+        xf = x if x.dtype == ct else x.to(ct)
         d = xf.size(-1)
         # mean(x^2) as ||x||^2 / d: one reduction kernel instead of pow + mean
-        rstd = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).pow_(2).div_(d).add_(eps).rsqrt_()  # (..., 1)
+        rstd = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(d).add_(eps).rsqrt_()  # (..., 1)
         ctx.save_for_backward(x, rstd, weight)
-        return (xf * rstd).mul_(weight.to(xf.dtype)).to(x.dtype)
+        y = torch.mul(xf, rstd).mul_(weight if weight.dtype == ct else weight.to(ct))
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         x, rstd, weight = ctx.saved_tensors
         ct = _compute_dtype(x)
-        xf, dyf, wf = x.to(ct), dy.to(ct), weight.to(ct)
-        d = xf.size(-1)
-        with torch.autocast(dy.device.type, enabled=False):  # dy @ w below must stay in fp32, not go to bf16
-            # LayerNorm's backward with mean 0 and our rstd: rstd * (g - mean(g) - xhat * mean(g * xhat)), and
-            # the weight gradient sum(dy * xhat) over rows
-            dx, dw, _ = torch.ops.aten.native_layer_norm_backward(
-                dyf, xf, [d], torch.zeros_like(rstd), rstd, wf, None, [True, ctx.needs_input_grad[1], False])
-            # ... plus rstd * mean(g), the centring term RMSNorm does not have: mean(dy * w) = (dy @ w) / d
-            dx.add_((dyf @ wf).unsqueeze(-1).mul_(rstd).div_(d))
-        return dx.to(x.dtype), (None if dw is None else dw.to(weight.dtype)), None
+        if x.dtype != ct or weight.dtype != ct or dy.dtype != ct or torch.is_autocast_enabled(dy.device.type):
+            with torch.autocast(dy.device.type, enabled=False):  # dy @ w below must stay in fp32, not go to bf16
+                dx, dw = rms_norm_backward(dy.to(ct), x.to(ct), rstd, weight.to(ct), ctx.needs_input_grad[1])
+            return dx.to(x.dtype), (None if dw is None else dw.to(weight.dtype)), None
+        return (*rms_norm_backward(dy, x, rstd, weight, ctx.needs_input_grad[1]), None)
+
+
+def rms_norm_backward(dy, x, rstd, weight, need_dw: bool):
+    """(dx, dw) of y = x * rstd * w, in one dtype. LayerNorm's fused backward with mean 0 and our rstd gives
+    rstd * (g - mean(g) - xhat * mean(g * xhat)) (g = dy * w, xhat = x * rstd) and dw = sum(dy * xhat); RMSNorm
+    has no centring, so rstd * mean(g) = rstd * (dy @ w) / d is added back."""
+    d = x.size(-1)
+    dx, dw, _ = torch.ops.aten.native_layer_norm_backward(
+        dy, x, [d], torch.zeros_like(rstd), rstd, weight, None, [True, need_dw, False])
+    dx.addcmul_(torch.mv(dy.reshape(-1, d), weight).view_as(rstd), rstd, value=1.0 / d)
+    return dx, dw
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
