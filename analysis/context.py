@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from analysis.document import p_text
 from analysis.plots import save_figure, variant_styles
 from analysis.stats import holm, welch
 from analysis.store import _client
@@ -148,10 +149,6 @@ def _ms(mean, std, n) -> str:
     return f"{mean:.4f}" if n < 2 or not np.isfinite(std) else f"{mean:.4f} ± {std:.4f}"
 
 
-def _p(p) -> str:
-    return "n/a" if not np.isfinite(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")
-
-
 def bpb_rows(frame: pd.DataFrame, mode: str, arms: list[str]):
     s = summary(frame)
     s = s[s["mode"] == mode]
@@ -210,7 +207,7 @@ def ranking_rows(frame: pd.DataFrame, mode: str, arms: list[str]):
         rows.append([str(c), f"`{best}`", f"{np.mean(vals[best]):.4f}", "best", "", ""])
         for a, t, p in zip(ranked[1:], tests, adj):
             ci = "n/a" if not np.isfinite(t["ci_low"]) else f"[{t['ci_low']:+.4f}, {t['ci_high']:+.4f}]"
-            rows.append(["", f"`{a}`", f"{np.mean(vals[a]):.4f}", f"{t['delta']:+.4f} {ci}", _p(t["p_value"]), _p(p)])
+            rows.append(["", f"`{a}`", f"{np.mean(vals[a]):.4f}", f"{t['delta']:+.4f} {ci}", p_text(t["p_value"]), p_text(p)])
     return ["context", "arm", "mean bpb", "Δ vs best [95% Welch CI]", "p (Welch)", "p (Holm)"], rows
 
 
