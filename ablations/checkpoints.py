@@ -1,7 +1,12 @@
 """Checkpoints: the resumable training state (`<checkpoint.dir>/<config hash>/last.ckpt`, written atomically by
-`AtomicCheckpoint`) and the final weights artifact (`checkpoints/final.ckpt`, format FINAL_FORMAT)."""
+`AtomicCheckpoint`) and the final weights artifact (`checkpoints/final.ckpt`, format FINAL_FORMAT).
+
+Against an MLflow tracking server (`tracking.log_checkpoints=auto`) each `last.ckpt` is also logged as the run's
+artifact `checkpoints/last.ckpt`; `resume=auto` with no local checkpoint fetches it from the newest run of the same
+config (tag `config_hash`), so a job continues on another machine or after its node's disk is gone."""
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import tempfile
@@ -11,14 +16,12 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, one_line
 
 FINAL_FORMAT = "ablations-final-v1"
+LAST_ARTIFACT = "checkpoints/last.ckpt"  # the resumable checkpoint as a run artifact (tracking.log_checkpoints)
 
-
-def _one_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0] if msg else ''}"
+log = logging.getLogger("ablations")
 
 
 # what torch.load raises for a truncated / corrupt file, not a torch file, or an unsafe pickle
@@ -30,7 +33,7 @@ def load_resumable(path: Path) -> dict:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except _BAD_CHECKPOINT as e:
         raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint of this harness "
-                              f"({_one_line(e)[:160]}): delete it, or start fresh with resume=null") from None
+                              f"({one_line(e)[:160]}): delete it, or start fresh with resume=null") from None
     if not isinstance(ck, dict) or "state_dict" not in ck or "ablations" not in ck:
         raise CheckpointError(f"checkpoint {path} is not a resumable checkpoint of this harness (no state_dict/"
                               f"ablations record): resume from a <checkpoint.dir>/<hash>/last.ckpt, or use resume=null")
@@ -70,7 +73,7 @@ def load_final_checkpoint(path) -> dict:
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except _BAD_CHECKPOINT as e:
-        raise CheckpointError(f"{path} is corrupt or not a checkpoint ({_one_line(e)[:160]})") from None
+        raise CheckpointError(f"{path} is corrupt or not a checkpoint ({one_line(e)[:160]})") from None
     if not isinstance(ck, dict) or ck.get("format") != FINAL_FORMAT:
         raise CheckpointError(f"{path} is not a final checkpoint of this harness (format {FINAL_FORMAT})")
     return ck
@@ -81,10 +84,11 @@ class AtomicCheckpoint(pl.Callback):
 
     `trainer.save_checkpoint` is collective (every rank calls it; rank 0 writes)."""
 
-    def __init__(self, dirpath: str | Path, every_n_steps: int, metrics=None):
-        self.metrics = metrics
+    def __init__(self, dirpath: str | Path, every_n_steps: int, metrics=None, upload: bool = False):
+        self.metrics = metrics  # MetricsCallback: its run_id / uri name the run an upload goes to
         self.dirpath = Path(dirpath)
         self.every = int(every_n_steps)
+        self.upload = bool(upload)
         self._last_saved = -1
 
     @property
@@ -103,10 +107,28 @@ class AtomicCheckpoint(pl.Callback):
         trainer.save_checkpoint(tmp, weights_only=False)
         if trainer.is_global_zero:
             os.replace(tmp, self.last_path)
+            if self.upload:
+                self.log_artifact()
         trainer.strategy.barrier("ablations.ckpt.replace")
         self._last_saved = step
         if self.metrics is not None:  # checkpoint time is not training time
             self.metrics.pause(time.perf_counter() - t0)
+
+    def log_artifact(self) -> None:
+        """`last.ckpt` -> the run's artifact checkpoints/last.ckpt. A failed upload (the server down past MLflow's
+        own retries) is a warning: the local checkpoint stands and the next one uploads again."""
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        run_id = getattr(self.metrics, "run_id", None)
+        if not run_id:
+            return
+        try:
+            MlflowClient(tracking_uri=self.metrics.uri).log_artifact(run_id, str(self.last_path),
+                                                                     artifact_path=str(Path(LAST_ARTIFACT).parent))
+        except (MlflowException, OSError) as e:
+            log.warning("could not log %s as artifact %s of run %s: %s", self.last_path, LAST_ARTIFACT, run_id,
+                        one_line(e)[:200])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
@@ -122,3 +144,52 @@ def final_checkpoint(model, model_dict: dict, tok, config_yaml: str, step: int, 
     return {"format": FINAL_FORMAT, "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "model_config": model_dict, "tokenizer": tok.identity(), "tokenizer_hash": tok.hash,
             "config_yaml": config_yaml, "step": step, "run_id": run_id}
+
+
+def locate_auto(ckpt_dir: Path, uri: str, tracking_cfg, config_hash: str) -> tuple[Path | None, str | None]:
+    """`resume=auto`: (`ckpt_dir`/last.ckpt, None) if it exists; else, where checkpoints are logged
+    (`tracking.log_checkpoints`), the one the newest run of this config logged, downloaded there, and a note of
+    where it came from; else (None, None): start fresh."""
+    from .tracking import logs_checkpoints
+
+    last = ckpt_dir / "last.ckpt"
+    if last.is_file():
+        return last, None
+    if not logs_checkpoints(tracking_cfg.get("log_checkpoints"), uri):
+        return None, None
+    run_id = fetch_logged_checkpoint(uri, str(tracking_cfg.get("experiment")), config_hash, last)
+    return (last, f"artifact {LAST_ARTIFACT} of run {run_id}") if run_id else (None, None)
+
+
+def fetch_logged_checkpoint(uri: str, experiment: str, config_hash: str, dest: Path) -> str | None:
+    """Download LAST_ARTIFACT of the newest run of `experiment` tagged `config_hash` to `dest` (atomically).
+    Returns that run's id, or None when no run of this config logged one."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    cl = MlflowClient(tracking_uri=uri)
+    exp = cl.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = cl.search_runs([exp.experiment_id], filter_string=f"tags.config_hash = '{config_hash}'",
+                          order_by=["attributes.start_time DESC"], max_results=20)
+    folder = str(Path(LAST_ARTIFACT).parent)
+    for run in runs:
+        if LAST_ARTIFACT not in {f.path for f in cl.list_artifacts(run.info.run_id, folder)}:
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as tmp:
+            try:
+                got = cl.download_artifacts(run.info.run_id, LAST_ARTIFACT, tmp)
+            except (MlflowException, OSError) as e:
+                raise CheckpointError(f"checkpoint {LAST_ARTIFACT} of run {run.info.run_id} at {uri} could not be "
+                                      f"downloaded ({one_line(e)[:160]}): retry, or start fresh with resume=null"
+                                      ) from None
+            os.replace(got, dest)
+        return run.info.run_id
+    return None
+
+
+def resumed_line(meta: dict, path: Path, source: str | None = None) -> str:
+    """The one line a resumed run prints: where it continues."""
+    return f"[ablations] resumed from step {meta.get('step')} (checkpoint {path}{'; ' + source if source else ''})"

@@ -13,6 +13,8 @@ import time
 import lightning.pytorch as pl
 import torch
 
+from .errors import TrackingError, one_line
+
 _PEAK_CACHE: dict = {}
 
 
@@ -63,6 +65,7 @@ class MetricsCallback(pl.Callback):
         self._client = None
         self._buffer: list = []
         self._last_step = None
+        self.logged_through: dict = {}  # a resumed run: key -> last step logged before (tracking.logged_through)
 
     # -------------------------------------------------------------------------------- state & logging
     def state_dict(self):
@@ -87,17 +90,23 @@ class MetricsCallback(pl.Callback):
 
         ts = int(time.time() * 1000)
         self._buffer += [Metric(k, float(v), ts, int(step)) for k, v in metrics.items()
-                         if v is not None and math.isfinite(float(v))]
+                         if v is not None and math.isfinite(float(v)) and step > self.logged_through.get(k, -1)]
 
     def flush(self, trainer):
         if not self._buffer or not trainer.is_global_zero or not self.run_id:
             return
+        from mlflow.exceptions import MlflowException
+
         if self._client is None:
             from mlflow import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.uri)
-        for i in range(0, len(self._buffer), 1000):
-            self._client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000])
+        try:  # a server that is down: MLflow's client retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES, ..._BACKOFF_FACTOR)
+            for i in range(0, len(self._buffer), 1000):
+                self._client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000])
+        except MlflowException as e:
+            raise TrackingError(f"tracking.uri={self.uri}: metrics not logged after MLflow's retries "
+                                f"({one_line(e, 160)}): when the store is back, continue with resume=auto") from None
         self._buffer = []
 
     # ------------------------------------------------------------------------------------------ timing

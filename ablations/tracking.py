@@ -77,6 +77,40 @@ def client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def is_server(uri: str) -> bool:
+    """An MLflow tracking server (http/https): runs on other machines share it, local files they do not."""
+    return urlparse(uri).scheme.lower() in ("http", "https")
+
+
+def logs_checkpoints(mode, uri: str) -> bool:
+    """`tracking.log_checkpoints`: true / false, or auto = true against a tracking server (the resumable checkpoint
+    becomes the run's artifact `checkpoints/last.ckpt`, so `resume=auto` on another machine finds it)."""
+    if mode in (None, "auto"):
+        return is_server(uri)
+    if isinstance(mode, bool):
+        return mode
+    raise TrackingError(f"tracking.log_checkpoints={mode!r}: use auto, true or false")
+
+
+RUN_NAME_MAX = 250  # MLflow's runs.name column (VARCHAR(250): PostgreSQL/MySQL refuse longer, SQLite does not)
+
+
+def fit_run_name(name: str) -> str:
+    return name if len(name) <= RUN_NAME_MAX else name[:RUN_NAME_MAX - 3] + "..."
+
+
+def logged_through(cl, run_id: str) -> dict[str, int]:
+    """metric key -> the highest step the run has logged. MLflow cannot delete metric points, so a resumed run
+    logs only later steps (see `drop_logged`): each step of its history once."""
+    keys = cl.get_run(run_id).data.metrics
+    return {k: max((m.step for m in cl.get_metric_history(run_id, k)), default=-1) for k in keys}
+
+
+def drop_logged(metrics: list, through: dict[str, int]) -> list:
+    """The mlflow.entities.Metric points of `metrics` past the steps `through` already holds."""
+    return [m for m in metrics if m.step > through.get(m.key, -1)]
+
+
 def get_or_create_experiment(cl, uri: str, name: str) -> str:
     exp = cl.get_experiment_by_name(name)
     if exp is not None:

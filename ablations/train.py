@@ -26,7 +26,7 @@ from modules.options import is_int
 from . import tracking as trk
 from .budget import budget_flops, steps_for_budget, tokens_per_step
 from .checkpoints import (AtomicCheckpoint, check_compatible, final_checkpoint, load_final_checkpoint, load_resumable,  # noqa: F401
-                          save_atomic)
+                          locate_auto, resumed_line, save_atomic)
 from .data import TokenData, TokenDataModule, check_windows, prepare_data
 from .errors import (AblationsError, CheckpointError, ConfigError, DataError, DivergenceError, TokenizerError,
                      TrackingError, one_line)
@@ -89,6 +89,7 @@ class CheckpointPlan:
     config_hash: str
     dir: Path
     resume_from: Path | None
+    source: str | None = None  # where resume=auto found it, when not in `dir` (a run's logged checkpoint)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class Run:
     id: str
     uri: str
     tags: dict[str, str]
+    logged: dict[str, int]  # metric -> last step the run held when (re)opened: a resumed run logs later steps only
 
 
 # ------------------------------------------------------------------------------------------------ the path
@@ -137,7 +139,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
         run_tags = tags_of_run(cfg, hydra_tags, tags, data, hw, peak, ckpt, shape)
         run = open_run(cfg, uri, run_tags, hydra_name, resumed)
         lit.ckpt_meta["mlflow_run_id"] = run.id  # a resumed checkpoint reopens its run
-        metrics.run_id = run.id
+        metrics.run_id, metrics.logged_through = run.id, run.logged
         trk.start_system_metrics(cfg.tracking, uri, run.id)  # stopped by trk.terminate
     try:
         if run is not None:
@@ -168,8 +170,8 @@ def own_config(cfg: DictConfig) -> tuple[DictConfig, str | None, dict]:
 
 
 def check_config(cfg: DictConfig) -> StepShape:
-    """The harness's own keys checked (the model's keys are checked by modules.config); returns the shape of an
-    optimizer step they give."""
+    """The harness's own keys checked (the model's are checked by modules.config, the optimizer's by
+    ablations.optim when the model is built); returns the shape of an optimizer step they give."""
     t = cfg.trainer
     ms = t.get("max_steps")
     if not is_int(ms, 1):
@@ -180,9 +182,6 @@ def check_config(cfg: DictConfig) -> StepShape:
     acc = t.get("accumulate_grad_batches", 1)
     if not is_int(acc, 1):
         raise ConfigError(f"trainer.accumulate_grad_batches={acc} must be a positive integer")
-    lr = cfg.optim.get("lr")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (lr > 0 and math.isfinite(lr)):
-        raise ConfigError(f"optim.lr={lr} must be a positive number, e.g. 3e-3")
     if cfg.get("resume") not in (None, "auto") and not isinstance(cfg.get("resume"), str):
         raise ConfigError(f"resume={cfg.get('resume')!r}: use resume=auto, resume=PATH_TO_CKPT, or leave it null")
     if cfg.get("compile") not in (True, False):
@@ -283,17 +282,16 @@ def plan_checkpoints(cfg: DictConfig) -> CheckpointPlan:
     """The checkpoint dir is named by the config hash; resume=auto resumes its last.ckpt if there is one."""
     chash = config_hash(cfg)
     ckpt_dir = Path(str(cfg.checkpoint.dir)).expanduser() / chash[:16]
-    resume, path = cfg.get("resume"), None
-    if resume == "auto":
-        if (ckpt_dir / "last.ckpt").is_file():
-            path = ckpt_dir / "last.ckpt"
-        else:
+    resume, path, source = cfg.get("resume"), None, None
+    if resume == "auto":  # this dir's last.ckpt, else the one a run of this config logged (tracking.log_checkpoints)
+        path, source = locate_auto(ckpt_dir, trk.tracking_uri(cfg), cfg.tracking, chash)
+        if path is None:
             log.info("resume=auto: no checkpoint in %s, starting fresh", ckpt_dir)
     elif resume:
         path = Path(str(resume)).expanduser()
         if not path.is_file():
             raise ConfigError(f"resume={resume}: no such checkpoint file: use resume=auto or an existing .ckpt path")
-    return CheckpointPlan(chash, ckpt_dir, path)
+    return CheckpointPlan(chash, ckpt_dir, path, source)
 
 
 def build_lit_module(cfg: DictConfig, model: GPT, data: TokenData, ckpt: CheckpointPlan) -> LitGPT:
@@ -313,6 +311,8 @@ def check_resume(ckpt: CheckpointPlan, lit: LitGPT, data: TokenData) -> dict | N
         return None
     ck = load_resumable(ckpt.resume_from)
     check_compatible(ck, ckpt.resume_from, lit, data.tokenizer)
+    if _env_rank() == 0:
+        print(resumed_line(ck["ablations"], ckpt.resume_from, ckpt.source), flush=True)
     return ck["ablations"]
 
 
@@ -330,7 +330,8 @@ def build_trainer(cfg: DictConfig, hw: Hardware, ckpt: CheckpointPlan, metrics: 
     import lightning.pytorch as pl
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    ckpt_cb = AtomicCheckpoint(ckpt.dir, int(cfg.checkpoint.get("every_n_steps", 100)), metrics)
+    ckpt_cb = AtomicCheckpoint(ckpt.dir, int(cfg.checkpoint.get("every_n_steps", 100)), metrics,
+                               upload=trk.logs_checkpoints(cfg.tracking.get("log_checkpoints"), metrics.uri))
     tk = OmegaConf.to_container(cfg.trainer, resolve=True)
     tk["precision"] = hw.precision
     tk.pop("budget", None)  # ours, not Lightning's: already turned into max_steps
@@ -381,7 +382,7 @@ def open_run(cfg: DictConfig, uri: str, run_tags: dict[str, str], hydra_name: st
         raise TrackingError(f"tracking.uri={uri}: cannot open experiment {cfg.tracking.experiment!r} "
                             f"({one_line(e, 200)})") from None
     run_tags = dict(run_tags)
-    run_name = run_tags.pop("mlflow.runName", None) or hydra_name or "default"
+    run_name = trk.fit_run_name(run_tags.pop("mlflow.runName", None) or hydra_name or "default")
     run_id, prev = None, resumed.get("mlflow_run_id") if resumed else None
     if prev:
         try:
@@ -394,9 +395,9 @@ def open_run(cfg: DictConfig, uri: str, run_tags: dict[str, str], hydra_name: st
         if "failure_reason" in cl.get_run(run_id).data.tags:
             cl.delete_tag(run_id, "failure_reason")
         cl.set_tag(run_id, "resumed_from_step", str(resumed.get("step")))
-    else:
-        run_id = cl.create_run(exp_id, run_name=run_name, tags=run_tags).info.run_id
-    return Run(cl, run_id, uri, run_tags)
+        return Run(cl, run_id, uri, run_tags, trk.logged_through(cl, run_id))
+    run_id = cl.create_run(exp_id, run_name=run_name, tags=run_tags).info.run_id
+    return Run(cl, run_id, uri, run_tags, {})
 
 
 def log_run_start(cfg: DictConfig, run: Run, model: GPT, accounting: dict, hw: Hardware, peak: Peak,
@@ -412,7 +413,7 @@ def log_run_start(cfg: DictConfig, run: Run, model: GPT, accounting: dict, hw: H
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.yaml").write_text(_config_yaml(cfg))
         cl.log_artifact(run_id, str(Path(tmp) / "config.yaml"))
-    cl.log_batch(run_id, metrics=_metric_list(dict(accounting), 0))
+    cl.log_batch(run_id, metrics=trk.drop_logged(_metric_list(dict(accounting), 0), run.logged))
     ckpt.dir.mkdir(parents=True, exist_ok=True)
     (ckpt.dir / "run.json").write_text(json.dumps({"run_id": run_id, "tracking_uri": run.uri,
                                                    "config_hash": ckpt.config_hash}))
@@ -480,7 +481,7 @@ def after_training(cfg: DictConfig, run: Run, model: GPT, data: TokenData, hw: H
         for f in ("sample.txt", "tokenizer.json"):
             cl.log_artifact(run_id, str(tmp / f))
         cl.log_artifact(run_id, str(tmp / "checkpoints" / "final.ckpt"), artifact_path="checkpoints")
-    cl.log_batch(run_id, metrics=_metric_list(bench, steps))
+    cl.log_batch(run_id, metrics=trk.drop_logged(_metric_list(bench, steps), run.logged))
     m = cl.get_run(run_id).data.metrics
     return {"run_id": run_id, "val_loss": m.get("final_val_loss"), "val_bpb": m.get("final_val_bpb"),
             "tokens_per_sec": m.get("final_tokens_per_sec"), "mfu": m.get("final_mfu"),

@@ -143,7 +143,7 @@ def test_multirun_two_choices_two_grouped_runs(tmp_path, shakespeare_path):
     assert len(groups) == 1 and None not in groups
 
 
-def test_kill_and_resume_is_one_continuous_run(tmp_path, shakespeare_path):
+def test_kill_and_resume_is_one_continuous_run(tmp_path, shakespeare_path, single):
     cwd = tmp_path / "resume"
     args = tiny_args(shakespeare_path, **{"tracking.uri": f"sqlite:///{cwd}/mlflow.db"})
     # dies like kill -9 after step 7 (checkpoint at 5): ablations.run with the KillAt callback of tests/faults.py
@@ -157,16 +157,21 @@ def test_kill_and_resume_is_one_continuous_run(tmp_path, shakespeare_path):
 
     r2 = run_cli(cwd, [*args, "resume=auto"])
     assert r2.returncode == 0, r2.stderr[-3000:]
+    assert f"[ablations] resumed from step 5 (checkpoint checkpoints/" in r2.stdout
     c, runs = runs_of(cwd)
     assert len(runs) == 1 and runs[0].info.run_id == run_id and runs[0].info.status == "FINISHED"
     assert runs[0].data.tags["resumed_from_step"] == "5"
-    loss = [(m.step, m.value) for m in sorted(c.get_metric_history(run_id, "train/loss"),
-                                              key=lambda m: (m.timestamp, m.step))]
-    assert len(loss) == 7 + 7
-    after = dict(loss[7:])  # the resumed part, logged after the restart: steps 6..12
-    assert sorted(after) == list(range(6, 13))
-    # same data position + optimizer state: steps 6 and 7 repeat exactly what the killed process computed
-    assert after[6] == pytest.approx(before[6], rel=1e-5) and after[7] == pytest.approx(before[7], rel=1e-5)
+    for key in ("train/loss", "val/loss", "tokens_seen", "params"):  # in logging order: each step once
+        steps = [m.step for m in sorted(c.get_metric_history(run_id, key), key=lambda m: (m.timestamp, m.step))]
+        assert steps == sorted(set(steps)), (key, steps)
+    loss = dict(history(c, run_id, "train/loss"))
+    assert sorted(loss) == list(range(1, 13))
+    assert {s: loss[s] for s in range(1, 8)} == before  # steps 6, 7 recomputed after the restart, not re-logged
+    # same data position + optimizer state: the resumed steps are those of the uninterrupted run (same config)
+    sc, (whole,) = runs_of(single[0])
+    uninterrupted = dict(history(sc, whole.info.run_id, "train/loss"))
+    for s in range(8, 13):
+        assert loss[s] == pytest.approx(uninterrupted[s], rel=1e-5), s
     assert dict(history(c, run_id, "tokens_seen"))[12] == 12 * 8 * 32
 
 

@@ -1,0 +1,297 @@
+"""The commands against a real MLflow tracking server: `mlflow server` on 127.0.0.1 with a PostgreSQL backend store
+(a fresh database on the tests' PostgreSQL, see tests/sweeps_testing.py) and proxied artifacts in a temporary folder
+(`--artifacts-destination`), as docs/cluster.md starts it.
+
+- a run killed like kill -9 continues on "another machine" (an empty working directory, so no local checkpoint):
+  `resume=auto` fetches the checkpoint the run logged as an artifact, reopens the same run, logs each step once;
+  the server is stopped mid-run and started again, and no metric point is lost (MLflow's client retries);
+  `ablations.evaluate` then scores the run from a third empty directory;
+- two sweep workers on one study through Hydra's submitit launcher (`python -m sweeps.submit 2
+  hydra/launcher=submitit_local`), one SIGKILLed mid-trial: its MLflow run ends KILLED (Optuna's heartbeat), the
+  trial is retried, the study completes; `analysis.report` reads the server;
+- `python -m ablations.run -m hydra/launcher=submitit_local norm=layernorm,rmsnorm`: two FINISHED runs, one per job.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from mlflow import MlflowClient
+from optuna.trial import TrialState
+
+from sweeps.storage import normalize_url
+from sweeps_testing import ci, fresh_database, postgres_server, wait_for, worker_env
+
+REPO = Path(__file__).resolve().parents[1]
+# MLflow's client retries a failed request with backoff factor * 2^n seconds (0, 2, 6, 14, 30, 62 s cumulative at
+# factor 1; the default 2 doubles that): the window a server outage must fit in (docs/cluster.md)
+RETRY_ENV = {"MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "7"}
+
+
+class Server:
+    """`mlflow server` in its own process group; stop() and start() again on the same port, store and artifacts."""
+
+    def __init__(self, backend: str, root: Path):
+        from pgtest import free_port
+
+        self.backend, self.root, self.port = backend, root, free_port()
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 180) -> None:
+        exe = Path(sys.executable).with_name("mlflow")
+        self.starts += 1
+        log = open(self.root / f"server-{self.starts}.log", "w")
+        self.proc = subprocess.Popen(
+            [str(exe), "server", "--backend-store-uri", self.backend, "--artifacts-destination",
+             str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            cwd=self.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(self.healthy, timeout=timeout, interval=0.5, what=f"mlflow server on port {self.port}")
+
+    def healthy(self) -> bool:
+        import urllib.request
+
+        assert self.proc.poll() is None, (self.root / f"server-{self.starts}.log").read_text()[-2000:]
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:  # noqa: S310 - local test server
+                return r.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from pgtest import create_database
+
+    gen = postgres_server()
+    try:
+        backend = create_database(next(gen), f"mlflow_test_{uuid.uuid4().hex[:10]}")
+    except Exception as e:  # noqa: BLE001 - no PostgreSQL (PostgresUnavailable, a server down): fail in CI, else skip
+        msg = f"PostgreSQL is required for the tracking-server tests: {type(e).__name__}: {e}"
+        if ci():
+            pytest.fail(msg)
+        pytest.skip(msg)
+    srv = Server(backend, tmp_path_factory.mktemp("mlflow-server"))
+    srv.start()
+    yield srv
+    if srv.proc.poll() is None:
+        srv.stop()
+    gen.close()
+
+
+def tiny(corpus, **extra) -> list[str]:
+    args = {"model": "tiny", "data": "shakespeare", "data.path": str(corpus), "tokenizer": "char",
+            "data.batch_size": 8, "data.val_windows": 8, "trainer.max_steps": 20, "trainer.val_check_interval": 10,
+            "trainer.log_every_n_steps": 1, "checkpoint.every_n_steps": 5, "trainer.enable_progress_bar": "false",
+            "generate.max_new_tokens": 8, "generate.bench_decode_tokens": 4, "generate.bench_prefill_tokens": 16,
+            "tracking.peak_flops": "1e12", "tracking.system_metrics": "false", "trainer.precision": "32-true",
+            "threads": 1}
+    args.update(extra)
+    return [f"{k}={v}" for k, v in args.items()]
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    return {**worker_env(tmp_path / "token-cache"), **RETRY_ENV, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+
+
+def cli(module: str, args: list[str], cwd: Path, env: dict) -> subprocess.Popen:
+    """`python -m module args` in `cwd` (its own process group), output to `cwd`/out.log."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    with open(cwd / "out.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log = cwd / "out.log"
+    return proc
+
+
+def output(p: subprocess.Popen) -> str:
+    return p.log.read_text()
+
+
+def finish(p: subprocess.Popen, timeout: float = 400) -> str:
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        raise AssertionError(f"timed out after {timeout} s:\n{output(p)[-4000:]}") from None
+    return output(p)
+
+
+def until(predicate, proc: subprocess.Popen, timeout: float, what: str):
+    """wait_for, failing at once (with its output) if `proc` exits first."""
+    def check():
+        if proc.poll() is not None:
+            return "exited"
+        return predicate()
+
+    value = wait_for(check, timeout=timeout, interval=0.3, what=what)
+    assert value != "exited", f"exited with {proc.returncode} before {what}:\n{output(proc)[-4000:]}"
+    return value
+
+
+def only_run(c: MlflowClient, experiment: str):
+    exp = c.get_experiment_by_name(experiment)
+    return c.search_runs([exp.experiment_id]) if exp else []
+
+
+def test_killed_run_resumes_elsewhere_through_a_server_outage(server, tmp_path, shakespeare_path):
+    env, c, steps, every = env_for(tmp_path), MlflowClient(server.url), 100, 5
+    args = tiny(shakespeare_path, **{"tracking.uri": server.url, "tracking.experiment": "resume",
+                                     "trainer.max_steps": steps, "trainer.log_every_n_steps": every,
+                                     "checkpoint.every_n_steps": 25})
+    # machine A: dies like kill -9 after step 32 (metrics logged through step 30, its checkpoint of step 25 logged
+    # to the run as an artifact)
+    a = cli("tests.fault_run", ["kill@32", *args], tmp_path / "A", {**env, "PYTHONPATH": str(REPO)})
+    out_a = finish(a)
+    assert a.returncode == 137, out_a[-3000:]
+    (run,) = only_run(c, "resume")
+    assert run.info.status == "RUNNING"
+    assert "checkpoints/last.ckpt" in {f.path for f in c.list_artifacts(run.info.run_id, "checkpoints")}
+
+    # machine B: an empty directory, resume=auto; the server goes away for a while mid-run and comes back
+    b = cli("ablations.run", [*args, "resume=auto"], tmp_path / "B", env)
+
+    def resumed_and_logging():
+        return max((m.step for m in c.get_metric_history(run.info.run_id, "train/loss")), default=0) >= 40
+
+    until(resumed_and_logging, b, timeout=240, what="the resumed run to log step 40")
+    assert c.get_run(run.info.run_id).info.status == "RUNNING"
+    t_stop = time.monotonic()
+    server.stop()
+    time.sleep(5)
+    server.start()  # a real restart: ~20 s more of outage on a busy machine
+    outage = time.monotonic() - t_stop
+    out_b = finish(b)
+    assert b.returncode == 0, out_b[-4000:]
+    assert "resumed from step 25 (checkpoint checkpoints/" in out_b and f"of run {run.info.run_id})" in out_b
+
+    (after,) = only_run(c, "resume")
+    assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
+    assert after.data.tags["resumed_from_step"] == "25"
+    loss = sorted(c.get_metric_history(run.info.run_id, "train/loss"), key=lambda m: (m.timestamp, m.step))
+    # every logged step once, in order: none lost in the outage, step 30 not logged again by the resumed run
+    assert [m.step for m in loss] == list(range(every, steps + 1, every))
+    gaps = [(y.timestamp - x.timestamp) / 1000 for x, y in zip(loss, loss[1:])]
+    assert max(gaps) > 0.7 * outage, (max(gaps), outage)  # the outage fell inside the training, not after it
+    for key in ("tokens_seen", "val/loss", "params"):
+        hist = [m.step for m in sorted(c.get_metric_history(run.info.run_id, key), key=lambda m: m.timestamp)]
+        assert hist == sorted(set(hist)), (key, hist)
+
+    # machine C: evaluate the run from the server's artifacts alone
+    e = cli("ablations.evaluate", [f"run_id={run.info.run_id}", f"tracking.uri={server.url}", "eval.contexts=[32]",
+                                   "threads=1"], tmp_path / "C", env)
+    out_e = finish(e)
+    assert e.returncode == 0, out_e[-3000:]
+    assert [m.step for m in c.get_metric_history(run.info.run_id, "eval/nonoverlap/bpb")] == [32]
+
+
+def _sweep_processes(root: psutil.Process) -> list[psutil.Process]:
+    return [p for p in root.children(recursive=True) if "sweeps.run" in " ".join(p.cmdline())]
+
+
+def test_sweep_workers_as_submitit_jobs_one_killed_then_a_report(server, tmp_path, shakespeare_path):
+    env, c = env_for(tmp_path), MlflowClient(server.url)
+    storage = fresh_database(server.backend)  # the study: another database on the same PostgreSQL
+    n = 3
+    worker_args = ["sweep=lr", f"sweep.storage={storage}", f"sweep.n_trials={n}", "sweep.study_name=ts",
+                   "sweep.heartbeat_interval=1", "sweep.grace_period=5", "sweep.enqueue=[]", "sweep.pruner.name=none",
+                   *tiny(shakespeare_path, **{"tracking.uri": server.url, "trainer.max_steps": 200,
+                                              "trainer.val_check_interval": 200, "trainer.log_every_n_steps": 5,
+                                              "checkpoint.every_n_steps": 1000})]
+    sub = cli("sweeps.submit", [str(2), "hydra/launcher=submitit_local", "--", *worker_args], tmp_path / "sweep", env)
+    study_url = normalize_url(storage)
+
+    def both_training():
+        try:
+            running = [t for t in optuna.load_study(study_name="ts", storage=study_url).get_trials()
+                       if t.state == TrialState.RUNNING and "mlflow_run_id" in t.user_attrs]
+        except KeyError:  # the study is not created yet
+            return False
+        return len(running) == 2 and all(c.get_metric_history(t.user_attrs["mlflow_run_id"], "train/loss")
+                                         for t in running) and running
+
+    running = until(both_training, sub, timeout=300, what="two trials training at once")
+    workers = _sweep_processes(psutil.Process(sub.pid))
+    assert len(workers) == 2, [w.cmdline() for w in workers]
+    workers[0].send_signal(signal.SIGKILL)  # mid-trial, no clean-up
+    out = finish(sub, timeout=600)
+    assert sub.returncode != 0 and "exited with status -9" in out, out[-4000:]  # the killed job is reported
+
+    trials = optuna.load_study(study_name="ts", storage=study_url).get_trials()
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    dead = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(dead) == 1 and dead[0].number in {t.number for t in running}
+    assert "worker lost" in dead[0].user_attrs["fail_reason"]
+    dead_run = c.get_run(dead[0].user_attrs["mlflow_run_id"])
+    assert dead_run.info.status == "KILLED" and "worker lost" in dead_run.data.tags["failure_reason"]
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(done) == n and any(t.user_attrs.get("retry_of") == dead[0].number for t in done)
+    for t in done:
+        assert c.get_run(t.user_attrs["mlflow_run_id"]).info.status == "FINISHED"
+
+    r = subprocess.run([sys.executable, "-m", "analysis.report", "ts", "--tracking-uri", server.url, "--out",
+                        str(tmp_path / "report")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"{n} runs of" in r.stdout and (tmp_path / "report" / "index.md").is_file()
+
+
+def test_submitit_local_multirun_lands_one_finished_run_per_job(server, tmp_path, shakespeare_path):
+    env, c = env_for(tmp_path), MlflowClient(server.url)
+    experiment = f"submitit-{uuid.uuid4().hex[:6]}"
+    args = ["-m", "hydra/launcher=submitit_local", "norm=layernorm,rmsnorm",
+            *tiny(shakespeare_path, **{"tracking.uri": server.url, "tracking.experiment": experiment})]
+    p = cli("ablations.run", args, tmp_path / "multirun", env)
+    out = finish(p)
+    assert p.returncode == 0, out[-4000:]
+    assert "Submitit 'local' sweep output dir" in out
+    runs = only_run(c, experiment)
+    assert sorted((r.data.tags["choice.norm"], r.info.status) for r in runs) == [
+        ("layernorm", "FINISHED"), ("rmsnorm", "FINISHED")]
+    assert len({r.data.tags["multirun_group"] for r in runs}) == 1
+    # each job ran in its own process (submitit's local executor), not inside the launching one
+    logs = list((tmp_path / "multirun").glob("multirun/*/*/.submitit/*/*_log.out"))
+    assert len(logs) == 2 and all("[ablations] done:" in f.read_text() for f in logs)
+
+
+def test_metrics_past_the_retry_window_fail_with_one_line(monkeypatch):
+    """A server gone for longer than MLflow's retries: the metrics callback raises one TrackingError line that says
+    how to continue (`resume=auto`), and keeps the unlogged points (nothing is dropped before they are logged)."""
+    from types import SimpleNamespace
+
+    from mlflow.entities import Metric
+    from pgtest import free_port
+
+    from ablations.errors import TrackingError
+    from ablations.metrics import MetricsCallback
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    cb = MetricsCallback("0" * 32, uri, 256, 1000, 1e12, 1, 1.0, 10)
+    cb._buffer = [Metric("train/loss", 1.0, 0, 1)]
+    with pytest.raises(TrackingError) as e:
+        cb.flush(SimpleNamespace(is_global_zero=True))
+    msg = str(e.value)
+    assert "\n" not in msg and uri in msg and "resume=auto" in msg
+    assert len(cb._buffer) == 1
