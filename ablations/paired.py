@@ -118,7 +118,8 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
     trainers = []
     for name, overrides, cfg, mcfg in composed:
         try:
-            tr = BareTrainer(mcfg, batches, precision, compiled=False, optim=cfg.optim, device=device)
+            tr = BareTrainer(mcfg, batches, precision, compiled=bool(cfg.get("compile")), optim=cfg.optim,
+                             device=device)  # compile=true: torch.compile, as the harness (warm-up compiles)
         except ConfigError as exc:  # a bad model value (named by modules.config)
             raise PairedError(f"arm {name!r}: {exc}") from None
         trainers.append((name, overrides, mcfg, tr))
@@ -139,7 +140,8 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
     ref = trainers[0][0]
     arms_out = []
     for name, overrides, mcfg, tr in trainers:
-        arms_out.append({"name": name, "overrides": overrides, **accounting.param_counts(mcfg),
+        arms_out.append({"name": name, "overrides": overrides, "compiled": tr.fwd is not tr.model,
+                         **accounting.param_counts(mcfg),
                          "flops_per_token": accounting.flops_per_token(mcfg), "tokens_per_sec": rates[name],
                          "median_tokens_per_sec": median(rates[name]), **ratio_summary(rates[ref], rates[name]),
                          "loss_last": float(tr.losses[-1])})

@@ -54,7 +54,8 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("paired") / "paired.json"
     cmd = [sys.executable, "-m", "ablations.paired", "--model", "tiny", "--steps", "2", "--rounds", "3", "--threads",
-           "1", "--json", str(out), "base=", "rms=norm=rmsnorm", "gqa=attention=gqa attention.n_kv_head=1"]
+           "1", "--json", str(out), "base=", "rms=norm=rmsnorm", "gqa=attention=gqa attention.n_kv_head=1",
+           "comp=compile=true"]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return out, json.loads(out.read_text()), r
@@ -62,7 +63,7 @@ def measured(tmp_path_factory):
 
 def test_interleaved_rounds_and_json(measured):
     _, res, r = measured
-    assert [a["name"] for a in res["arms"]] == ["base", "rms", "gqa"] and res["reference"] == "base"
+    assert [a["name"] for a in res["arms"]] == ["base", "rms", "gqa", "comp"] and res["reference"] == "base"
     assert res["rounds"] == 3 and res["steps_per_round"] == 2 and res["precision"] in ("32-true", "bf16-mixed")
     assert res["tokens_per_step"] == res["batch_size"] * res["block_size"]
     base = res["arms"][0]
@@ -77,6 +78,10 @@ def test_interleaved_rounds_and_json(measured):
     assert base["ratio"] == 1.0 and base["ratio_ci_low"] == base["ratio_ci_high"] == 1.0
     # one KV head instead of n_head: fewer K/V projection weights than the baseline
     assert res["arms"][2]["params"] < base["params"] == res["arms"][1]["params"]
+    # compile=true: the same model through torch.compile, the same batches: the same losses as eager
+    comp = res["arms"][3]
+    assert comp["compiled"] and not any(a["compiled"] for a in res["arms"][:3])
+    assert comp["params"] == base["params"] and comp["loss_last"] == pytest.approx(base["loss_last"], rel=2e-3)
     assert res["command"].startswith("python -m ablations.paired --model tiny")
     assert "round 3/3" in r.stderr and "x" in r.stdout.splitlines()[2]
 
