@@ -1,18 +1,51 @@
 #!/usr/bin/env bash
-# The GPU check rehearsed on this CPU, so nothing is learned on the GPU's clock: a fresh venv holding what the
-# device image holds (torch pinned: 2.11.0 there; here the CPU build in /opt/wheels or $TORCH_WHEEL, lightning
-# 2.6.6, tiktoken, numpy, pyyaml, scipy), then scripts/gpu/device.sh with DEVICE=cpu, whose wheel install is
-# --no-index (no network) from the carried .gpu/wheels alone. Run scripts/gpu/prepare.sh first.
+# The GPU check rehearsed on this CPU, so that nothing is learned on the GPU's clock (run scripts/gpu/prepare.sh first):
+# 1. a fresh venv ($VENV) on Python 3.12 (the image's python3 is 3.12.3) with the image's versions of what the check
+#    uses: torch 2.11.0 (PyPI's Linux build, the CUDA 13 one as on the image: it runs on the CPU here), numpy 2.5.2,
+#    tiktoken 0.14.0, pyyaml, lightning 2.6.6; and not Hydra, OmegaConf or MLflow, which the image lacks too;
+# 2. a copy of what the device tool sends (git's tracked and untracked-not-ignored files) plus the carried .gpu/,
+#    at a path with no ../shared beside it;
+# 3. scripts/gpu/device.sh there with DEVICE=cpu and the network off (unshare -n), pip with no config: the wheel
+#    install is --no-index from .gpu/wheels alone; then the files under $OUT are checked against the tool's limits.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -d .gpu/wheels ]] || { echo "rehearse.sh: run scripts/gpu/prepare.sh first" >&2; exit 1; }
 VENV=${VENV:-/tmp/gpu-rehearsal-venv}
-TORCH_WHEEL=${TORCH_WHEEL:-$(ls /opt/wheels/torch-*.whl 2>/dev/null | head -n 1)}
+TREE=${TREE:-/tmp/gpu-rehearsal/tree}
+OUT=${OUT:-/tmp/gpu-rehearsal/out}
 if [[ ! -x $VENV/bin/python ]]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q "${TORCH_WHEEL:-torch==2.11.0}"
-  "$VENV/bin/pip" install -q "lightning==2.6.6" "tiktoken==0.14.0" numpy pyyaml scipy
+  PY312=${PY312:-$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python3 2>/dev/null | tail -n 1 || true)}
+  [[ -n $PY312 && -x $PY312 ]] || { echo "rehearse.sh: no Python 3.12 here; set PY312" >&2; exit 1; }
+  "$PY312" -m venv "$VENV"
+  "$VENV/bin/pip" install -q torch==2.11.0 numpy==2.5.2 tiktoken==0.14.0 pyyaml lightning==2.6.6
 fi
-"$VENV/bin/python" -c "import hydra" 2>/dev/null && { echo "rehearse.sh: $VENV already has hydra" >&2; exit 1; }
-rm -rf /tmp/gpu-site
-OUT=${OUT:-/tmp/gpu-rehearsal-out} DEVICE=cpu PYTHON=$VENV/bin/python bash scripts/gpu/device.sh
+"$VENV/bin/python" - <<'PY'
+import importlib.util, sys
+assert sys.version_info[:2] == (3, 12), sys.version
+import torch
+assert torch.__version__.startswith("2.11.0"), torch.__version__
+extra = [m for m in ("hydra", "omegaconf", "antlr4", "mlflow", "optuna", "datasets") if importlib.util.find_spec(m)]
+assert not extra, f"the rehearsal venv has {extra}, which the device image lacks"
+PY
+# what travels: the working tree as git sees it (tracked + untracked-not-ignored) and the carried .gpu/
+rm -rf "$TREE" "$OUT" && mkdir -p "$TREE" "$OUT"
+{ git ls-files -co --exclude-standard -z | grep -zv '^\.gpu/'; find .gpu -type f -print0; } |
+  tar --null -T - -cf - | tar -xf - -C "$TREE"
+size=$(du -sb "$TREE" | cut -f1)
+echo "rehearse.sh: the device would receive $((size / 1024)) KiB ($(du -sh .gpu | cut -f1) of it .gpu); limit 64 MiB"
+(( size < 60 * 2**20 )) || { echo "rehearse.sh: over the device tool's 64 MiB" >&2; exit 1; }
+NET=(); unshare -n true 2>/dev/null && NET=(unshare -n)  # no network, as on the device
+cd "$TREE"
+start=$SECONDS
+env -u TIKTOKEN_CACHE_DIR -u PYTHONPATH PIP_CONFIG_FILE=/dev/null TORCHINDUCTOR_CACHE_DIR="$TREE/.inductor-cache" \
+  TORCHINDUCTOR_COMPILE_THREADS=1 OUT="$OUT" DEVICE=cpu PYTHON="$VENV/bin/python" GPU_SITE="$TREE/.site" \
+  "${NET[@]}" nice -n 10 bash scripts/gpu/device.sh
+echo "rehearse.sh: device.sh took $((SECONDS - start)) s here${NET:+ with the network off}"
+n=0
+for f in "$OUT"/*; do
+  n=$((n + 1)); s=$(stat -c %s "$f")
+  (( s < 16 * 2**20 )) || { echo "rehearse.sh: $f is over the 16 MiB that come back" >&2; exit 1; }
+done
+(( n <= 8 )) || { echo "rehearse.sh: $n files under \$OUT, the tool returns 8" >&2; exit 1; }
+for f in gpu.json bench.json bench.txt device.log; do [[ -s $OUT/$f ]] || { echo "rehearse.sh: no $OUT/$f" >&2; exit 1; }; done
+ls -l "$OUT"
