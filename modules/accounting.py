@@ -1,13 +1,20 @@
 """Sizes as pure functions of the config: parameters, training FLOPs per token, KV-cache bytes.
 
-No weights are built, and no variant name is compared: each figure is summed from the facts the chosen variants
-declare (Attention.linears / score_dims / kv_numbers_per_token, MLP.linears, Norm.num_params, Position.num_params),
-and tests check each figure against a real model. `cfg` may be a GPTConfig, a GPT (its .config), or the dict /
-DictConfig you would pass to GPT.
+Parameters and matmul weights are counted from the model itself, built on the meta device (shapes only, no
+memory, no random numbers drawn; one build per config, cached): every parameter once (a tied lm_head is the
+token embedding), and the (in, out) of every nn.Linear. What a module cannot show is declared by the chosen
+attention variant, never found by comparing names: `score_dims` (the widths of the attention products),
+`kv_numbers_per_token` (what the cache holds) and `window`. Tests check each figure against a real model and
+against torch's FlopCounterMode. `cfg` may be a GPTConfig, a GPT (its .config), or the dict / DictConfig you would
+pass to GPT.
 """
+from dataclasses import dataclass
+
 import torch
+from torch import nn
 
 from modules.config import GPTConfig
+from modules.gpt import GPT
 
 
 def _cfg(cfg) -> GPTConfig:
@@ -16,28 +23,33 @@ def _cfg(cfg) -> GPTConfig:
     return GPTConfig.from_dict(cfg)
 
 
-def _layer_linears(c: GPTConfig) -> list[tuple[int, int]]:
-    """(in, out) of every Linear of one transformer block: attention, then MLP."""
-    return c.variant("attention").linears(c) + c.variant("mlp").linears(c)
+@dataclass(frozen=True)
+class _Counts:
+    params: int
+    params_non_embedding: int
+    matmul_weights: int  # in * out summed over every nn.Linear, the lm_head included even when tied
 
 
-def _layer_params(c: GPTConfig) -> int:
-    attn, norm = c.variant("attention"), c.variant("norm")
-    linears = sum(i * o + (o if c.bias else 0) for i, o in _layer_linears(c))
-    norms = 2 * norm.num_params(c, c.n_embd) + sum(norm.num_params(c, d) for d in attn.qk_norm_dims(c))  # ln_1, ln_2
-    return linears + norms + attn.extra_params(c)
+_COUNTS: dict[str, _Counts] = {}  # by repr(config): a config may hold a dict (rope scaling), so it can't be a key
+
+
+def _counts(c: GPTConfig) -> _Counts:
+    key = repr(c)
+    if key not in _COUNTS:
+        with torch.device("meta"):
+            model = GPT.from_config(c)
+        linear = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, nn.Linear))
+        if len(_COUNTS) >= 1024:  # a sweep planner may ask about many configs; the figures are cheap to redo
+            _COUNTS.clear()
+        _COUNTS[key] = _Counts(model.num_params(), model.num_params(non_embedding=True), linear)
+    return _COUNTS[key]
 
 
 def param_counts(cfg) -> dict:
     """{"params": total, "params_non_embedding": total minus the token embedding and any position table}. A tied
     lm_head shares the token embedding and is counted once; an untied one is non-embedding."""
-    c = _cfg(cfg)
-    position = c.variant("position")
-    tok = c.vocab_size * c.n_embd
-    final_norm = c.variant("norm").num_params(c, c.n_embd) if c.norm.placement == "pre" else 0  # post: blocks end normed
-    head = 0 if c.tie_weights else c.vocab_size * c.n_embd
-    total = tok + position.num_params(c) + c.n_layer * _layer_params(c) + final_norm + head
-    return {"params": total, "params_non_embedding": total - tok - position.embedding_params(c)}
+    n = _counts(_cfg(cfg))
+    return {"params": n.params, "params_non_embedding": n.params_non_embedding}
 
 
 def attention_span(cfg, seq_len: int | None = None) -> int:
@@ -52,18 +64,18 @@ def flops_per_token(cfg, seq_len: int | None = None) -> int:
 
         6 * N_matmul + 6 * n_layer * n_head * (d_qk + d_v) * T_att
 
-    N_matmul counts the weights of every matrix multiply a token goes through (all Linear layers including the
-    lm_head, which is a matmul even when tied; not the embedding lookups, norms or biases); 2 FLOPs per weight
-    forward, 4 backward. The second term is the score (q.k, width d_qk) and value (width d_v) products against
-    T_att keys, again x2 forward and x3 for training; (d_qk, d_v) is the attention's `score_dims` (head_size each,
-    MLA: head_size + rope_dim for the scores). T_att = seq_len (default block_size), capped at the attention's
-    window. Like PaLM we don't halve for causality, so for MHA the term is the familiar 12 * n_layer * n_embd * T.
+    N_matmul counts the weights of every matrix multiply a token goes through: in * out of every nn.Linear of the
+    model, each applied once per token (the lm_head is one even when tied; embedding lookups, norms and biases are
+    not matmuls); 2 FLOPs per weight forward, 4 backward. The second term is the score (q.k, width d_qk) and value
+    (width d_v) products against T_att keys, again x2 forward and x3 for training; (d_qk, d_v) is the attention's
+    `score_dims` (head_size each, MLA: head_size + rope_dim for the scores). T_att = seq_len (default
+    block_size), capped at the attention's window. Like PaLM we don't halve for causality, so for MHA the term is
+    the familiar 12 * n_layer * n_embd * T.
     """
     c = _cfg(cfg)
-    n_matmul = c.n_layer * sum(i * o for i, o in _layer_linears(c)) + c.vocab_size * c.n_embd
     d_qk, d_v = c.variant("attention").score_dims(c)
     attn = 6 * c.n_layer * c.n_head * (d_qk + d_v) * attention_span(c, seq_len)
-    return 6 * n_matmul + attn
+    return 6 * _counts(c).matmul_weights + attn
 
 
 def _itemsize(dtype: torch.dtype) -> int:

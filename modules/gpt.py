@@ -98,7 +98,7 @@ class GPT(nn.Module):
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # a tied lm_head is counted once
         if non_embedding:
-            n -= self.wte.weight.numel() + type(self.position).embedding_params(self.config)
+            n -= self.wte.weight.numel() + self.position.embedding_params()
         return n
 
     def new_cache(self, batch_size: int, dtype: torch.dtype | None = None, window: int | None = None) -> KVCache:

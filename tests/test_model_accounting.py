@@ -57,6 +57,40 @@ def test_presets_analytic_params_equal_meta_model(preset, family):
     assert accounting.param_counts(cfg.model)["params"] == sum(p.numel() for p in model.parameters())
 
 
+def test_param_counts_by_hand():
+    """The counts come from the model built on the meta device; these are the same figures worked by hand from each
+    variant's definition, so a module that builds one parameter too many or too few (or an embedding table counted
+    on the wrong side) fails here and not only against itself."""
+    V, T, L, nh, d, hs = 96, 32, 2, 4, 32, 8
+    base = dict(vocab_size=V, block_size=T, n_layer=L, n_head=nh, n_embd=d)
+    counts = lambda **kw: accounting.param_counts(build_config(**base, **kw))  # noqa: E731
+
+    # MLA (d_c 20, d_r 4) with its latent RMSNorm, RMSNorm qk-norm on the content and the rotary parts; swiglu
+    # (hidden 8 * round(8 * 32 / 3 / 8) = 88); rope has no parameters; tied head
+    dc, dr, h = 20, 4, 88
+    attn = d * nh * (hs + dr) + d * (dc + dr) + dc * 2 * nh * hs + d * d + dc + 2 * hs + 2 * dr
+    layer = attn + 2 * d + 3 * d * h
+    total = V * d + L * layer + d
+    assert counts(position="rope", norm={"name": "rmsnorm", "qk_norm": True}, mlp="swiglu",
+                  attention={"name": "mla", "kv_latent_dim": dc, "rope_dim": dr, "latent_norm": True}) == {
+        "params": total, "params_non_embedding": total - V * d}
+
+    # t5bias (32 buckets x nh, a score bias: non-embedding), DyT (2d + 1 each), GQA with 2 kv heads, biases, and an
+    # untied head (non-embedding)
+    qkv = (nh + 2 * 2) * hs
+    layer = d * qkv + qkv + d * d + d + 2 * (2 * d + 1) + d * 4 * d + 4 * d + 4 * d * d + d
+    total = V * d + 32 * nh + L * layer + (2 * d + 1) + V * d
+    assert counts(position="t5bias", norm="dyt", attention={"name": "gqa", "n_kv_head": 2}, bias=True,
+                  tie_weights=False) == {"params": total, "params_non_embedding": total - V * d}
+
+    # learned positions (a T x d embedding table), post-norm LayerNorm with biases (no final norm), sliding MHA
+    layer = d * 3 * d + 3 * d + d * d + d + 2 * 2 * d + d * 4 * d + 4 * d + 4 * d * d + d
+    total = V * d + T * d + L * layer
+    assert counts(norm={"name": "layernorm", "placement": "post"}, bias=True,
+                  attention={"name": "sliding", "window": 4}) == {
+        "params": total, "params_non_embedding": total - V * d - T * d}
+
+
 def test_gated_mlps_are_parameter_matched():
     base = dict(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=384)
     gelu = accounting.param_counts(build_config(**base, mlp="gelu"))["params"]

@@ -1,5 +1,7 @@
 """What every attention variant shares: SDPA with the GPT's mask convention, and the facts the rest of the library
-asks of a variant instead of comparing names (config validation, accounting, the cache, the mask, rope's width)."""
+asks of a variant instead of comparing names (config validation, the cache, the mask, rope's width, and the
+attention products accounting cannot read from the Linears; parameters and Linears are counted from the module
+itself, modules/accounting.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,11 +55,6 @@ class Attention(nn.Module):
         return "n_embd", cfg.n_embd
 
     @classmethod
-    def linears(cls, cfg) -> list[tuple[int, int]]:
-        """(in, out) of every Linear of one layer's attention (biases follow cfg.bias)."""
-        raise NotImplementedError
-
-    @classmethod
     def score_dims(cls, cfg) -> tuple[int, int]:
         """(d_qk, d_v): widths of the per-head score (q.k) and value products, for the attention FLOPs."""
         return cfg.head_size, cfg.head_size
@@ -67,20 +64,10 @@ class Attention(nn.Module):
         """Numbers one layer's KV cache holds per token."""
         raise NotImplementedError
 
-    @classmethod
-    def extra_params(cls, cfg) -> int:
-        """Parameters outside the Linears and the qk norms (e.g. MLA's latent norm)."""
-        return 0
-
     def fused_blocks(self) -> dict[str, tuple[int, ...]]:
         """{Linear name: output rows of each block} for a Linear that fuses several maps (q, k, v) into one
         matmul: Muon orthogonalises each block on its own (modules/parametrization.py)."""
         return {}
-
-    @classmethod
-    def qk_norm_dims(cls, cfg) -> list[int]:
-        """Widths of the norms this attention builds when norm.qk_norm is on."""
-        return [cfg.head_size, cfg.head_size] if cfg.norm.qk_norm else []
 
 
 def sdpa(q, k, v, mask, dropout_p: float, scale: float | None = None):

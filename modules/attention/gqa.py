@@ -41,11 +41,6 @@ class GroupedQueryAttention(Attention):
             fail("attention.n_kv_head", cfg.n_kv_head, f"must divide n_head={cfg.n_head} (choose a divisor)")
 
     @classmethod
-    def linears(cls, cfg):
-        d, hs = cfg.n_embd, cfg.head_size
-        return [(d, (cfg.n_head + 2 * cfg.n_kv_head) * hs), (d, d)]  # c_attn (q, k, v fused), c_proj
-
-    @classmethod
     def kv_numbers_per_token(cls, cfg):
         return 2 * cfg.n_kv_head * cfg.head_size  # k and v of every kv head
 

@@ -83,31 +83,12 @@ class MultiHeadLatentAttention(Attention):
         return "attention.rope_dim", cls.rope_dim(cfg)
 
     @classmethod
-    def linears(cls, cfg):
-        d, nh, hs, dc, dr = cfg.n_embd, cfg.n_head, cfg.head_size, cls.latent_dim(cfg), cls.rope_dim(cfg)
-        return [(d, nh * (hs + dr)),  # c_q: content + rotary query parts
-                (d, dc + dr),         # c_kv_down: latent + shared rotary key
-                (dc, 2 * nh * hs),    # c_kv_up: per-head keys and values
-                (d, d)]               # c_proj
-
-    @classmethod
     def score_dims(cls, cfg):
         return cfg.head_size + cls.rope_dim(cfg), cfg.head_size
 
     @classmethod
     def kv_numbers_per_token(cls, cfg):
         return cls.latent_dim(cfg) + cls.rope_dim(cfg)  # the latent and the shared rotary key
-
-    @classmethod
-    def qk_norm_dims(cls, cfg):
-        if not cfg.norm.qk_norm:
-            return []
-        dr = cls.rope_dim(cfg)
-        return [cfg.head_size, cfg.head_size] + ([dr, dr] if dr else [])
-
-    @classmethod
-    def extra_params(cls, cfg) -> int:
-        return cls.latent_dim(cfg) if cfg.attention.latent_norm else 0
 
     def __init__(self, cfg, layer_idx: int):
         super().__init__()

@@ -1,4 +1,5 @@
-"""What every MLP shares: the hidden width option and the facts accounting asks of it."""
+"""What every MLP shares: the hidden width option and its default; the Linears, and so the parameter and FLOP
+counts, are read from the module itself (modules/accounting.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,12 +48,6 @@ class MLP(nn.Module):
     def default_hidden(cls, cfg) -> int:
         return 4 * cfg.n_embd
 
-    @classmethod
-    def linears(cls, cfg) -> list[tuple[int, int]]:
-        """(in, out) of every Linear, for parameter and FLOP counts (biases follow cfg.bias)."""
-        h = cfg.mlp_hidden
-        return [(cfg.n_embd, h), (h, cfg.n_embd)]  # c_fc, c_proj
-
 
 class GatedMLP(MLP):
     """out = c_proj(gate(x W_g) * (x W_u)), with W_g and W_u fused into one c_fc (gate first, then up)."""
@@ -62,11 +57,6 @@ class GatedMLP(MLP):
         # Three d x h matrices instead of two, so h = 2/3 * 4d keeps the parameter count (and FLOPs) of the 4d
         # MLP; rounded to a multiple of 8 for friendlier matmul shapes.
         return max(8, 8 * round(8 * cfg.n_embd / 3 / 8))
-
-    @classmethod
-    def linears(cls, cfg):
-        h = cfg.mlp_hidden
-        return [(cfg.n_embd, 2 * h), (h, cfg.n_embd)]  # c_fc (gate + up), c_proj
 
     def fused_blocks(self):
         h = self.c_proj.in_features

@@ -1,5 +1,6 @@
-"""What every normalisation layer shares: the family's options (where it sits, whether q/k get one too) and the
-facts accounting asks of it. Placement (pre/post) is applied by the GPT block; QK-norm by the attention."""
+"""What every normalisation layer shares: the family's options (where it sits, whether q/k get one too) and its
+checks; its parameters are counted from the module itself (modules/accounting.py). Placement (pre/post) is
+applied by the GPT block; QK-norm by the attention."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ class NormOptions(VariantOptions):
 
 @dataclass(frozen=True)
 class EpsNormOptions(NormOptions):
-    """Norms that divide by a statistic add eps inside the square root."""
+    """Norms that divide by a statistic keep it away from zero with eps (layernorm, rmsnorm: inside the root)."""
     eps: float = 1e-5
 
     def __post_init__(self):
@@ -38,7 +39,3 @@ class Norm(nn.Module):
     @classmethod
     def validate(cls, cfg) -> None:
         """Checks that involve the rest of the model."""
-
-    @classmethod
-    def num_params(cls, cfg, dim: int) -> int:
-        raise NotImplementedError

@@ -33,9 +33,5 @@ class DyT(Norm):
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
 
-    @classmethod
-    def num_params(cls, cfg, dim):
-        return 2 * dim + 1  # weight, bias, alpha
-
     def forward(self, x):  # (..., dim)
         return torch.tanh(self.alpha * x) * self.weight + self.bias

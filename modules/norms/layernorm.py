@@ -17,9 +17,5 @@ class LayerNorm(Norm):
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if cfg.bias else None
 
-    @classmethod
-    def num_params(cls, cfg, dim):
-        return dim * (2 if cfg.bias else 1)
-
     def forward(self, x):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)

@@ -72,9 +72,5 @@ class RMSNorm(Norm):
         self.eps = cfg.norm.eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    @classmethod
-    def num_params(cls, cfg, dim):
-        return dim
-
     def forward(self, x):
         return rms_norm(x, self.weight, self.eps)

@@ -1,5 +1,6 @@
 """How a position scheme plugs into the GPT: three hooks, each a no-op unless the scheme needs it, plus the facts
-the rest of the library asks it (no code outside this folder compares position names).
+the rest of the library asks it (no code outside this folder compares position names); its parameters are
+counted from the module itself (modules/accounting.py).
 
 - `add_to_embedding(x, pos)`: absolute schemes (learned, sinusoidal) add a vector to the token embedding.
 - `rotary(pos)`: rotary schemes return (cos, sin) tables that attention applies to q and k (`apply_rotary`).
@@ -31,25 +32,22 @@ class Position(nn.Module):
     def __init__(self, cfg):
         super().__init__()
 
-    # ---- facts, asked by config validation and accounting (cfg is a GPTConfig) ----
+    # ---- facts, asked by config validation and generation (cfg is a GPTConfig) ----
     @classmethod
     def validate(cls, cfg) -> None:
         """Checks that involve the rest of the model (e.g. rope needs an even rotary width)."""
 
     @classmethod
-    def num_params(cls, cfg) -> int:
-        """Parameters this scheme owns (once per model, shared by all layers)."""
-        return 0
-
-    @classmethod
-    def embedding_params(cls, cfg) -> int:
-        """The part of num_params that is an embedding table (excluded from `params_non_embedding`)."""
-        return 0
-
-    @classmethod
     def max_positions(cls, cfg) -> int | None:
         """The largest number of positions the scheme can represent (None: unbounded)."""
         return None
+
+    def embedding_params(self) -> int:
+        """Parameters excluded from `params_non_embedding`: the nn.Embedding tables of a scheme that adds to the
+        token embedding (learned's wpe); a table read elsewhere (t5bias's score bias) is not an embedding."""
+        if type(self).add_to_embedding is Position.add_to_embedding:
+            return 0
+        return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
 
     # ---- hooks ----
     def add_to_embedding(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -14,12 +14,6 @@ class LearnedPosition(Position):
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
 
     @classmethod
-    def num_params(cls, cfg):
-        return cfg.block_size * cfg.n_embd
-
-    embedding_params = num_params
-
-    @classmethod
     def max_positions(cls, cfg):
         return cfg.block_size
 

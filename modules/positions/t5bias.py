@@ -47,10 +47,6 @@ class T5BiasPosition(Position):
         self.num_buckets, self.max_distance = cfg.position.num_buckets, cfg.position.max_distance
         self.rel_bias = nn.Embedding(self.num_buckets, cfg.n_head)  # (buckets, nh)
 
-    @classmethod
-    def num_params(cls, cfg):
-        return cfg.position.num_buckets * cfg.n_head
-
     def attn_bias(self, pos_q, pos_k):
         n = (pos_q[:, :, None] - pos_k[:, None, :]).clamp(min=0)  # (B, Tq, Tk); future keys are masked anyway
         bucket = relative_bucket(n, self.num_buckets, self.max_distance)
