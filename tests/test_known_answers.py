@@ -112,6 +112,27 @@ def test_dyt_is_zhu_et_al():
         assert y[idx].item() == pytest.approx(want, abs=1e-6)
 
 
+# ------------------------------------------------------------------------------------------------ scalenorm
+def test_scalenorm_is_nguyen_and_salazar():
+    """ScaleNorm(x; g) = g * x / ||x|| (Nguyen & Salazar 2019, "Transformers without Tears", eq. 5), one learned
+    scalar g initialised to sqrt(d); checked element by element with math.sqrt over the row. eps bounds ||x|| from
+    below, as the authors' code clamps it: a row of norm 1e-7 is divided by eps=1e-5 instead."""
+    model = gpt(norm="scalenorm")
+    norm = model.blocks[0].ln_1
+    assert norm.g.numel() == 1 and norm.g.item() == pytest.approx(4.0)  # sqrt(16)
+    assert sum(p.numel() for p in norm.parameters()) == 1
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        norm.g.fill_(1.7)
+    x = 3 * torch.randn(2, 3, 16, generator=g)
+    x[1, 2] = 1e-7 / 4 * torch.ones(16)  # ||row|| = 1e-7 < eps
+    y = norm(x)
+    for idx in [(0, 0, 0), (0, 2, 5), (1, 1, 15), (1, 0, 8)]:
+        length = math.sqrt(sum(v * v for v in x[idx[:-1]].tolist()))
+        assert y[idx].item() == pytest.approx(1.7 * x[idx].item() / length, rel=1e-5)
+    assert y[1, 2, 3].item() == pytest.approx(1.7 * 1e-7 / 4 / 1e-5, rel=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------------- t5 bias
 # T5's causal buckets (Raffel et al. 2020; bidirectional=False): half the buckets (16 of 32) hold distances 0..15
 # exactly, the other 16 are log-spaced up to max_distance=128: bucket(n) = 16 + floor(ln(n/16) / ln(128/16) * 16),
