@@ -7,8 +7,8 @@ CPU's kernels decide the last bits (logits, training), numbers compared with a t
 batch (16 values, their sum and sum of squares), the losses of 3 AdamW steps built by LitGPT.configure_optimizers
 and the loss after them, and each trained tensor's sum of squares. tests/test_mup.py recomputes them with today's
 code. The tolerance (TOL, relative) is 100x the largest difference measured between two CPUs: the losses recorded
-on a 2-core AVX2 EPYC (the hashes this file held before) and recomputed on an AMX Xeon at the same commit differ by
-at most 8.6e-8; a change of the numerics (a scale, a multiplier, an epsilon of 1e-3) moves them far more.
+on a 2-core AVX2-only EPYC (the hashes this file held before) and recomputed on an AVX-512-BF16 EPYC at the same
+commit differ by at most 8.6e-8; a change of the numerics (a scale, a multiplier, an epsilon) moves them far more.
 
 Regenerate (only after an intended change of the sp numerics), with the code of the commit to record:
     OMP_NUM_THREADS=1 python -m tests.sp_reference tests/fixtures/sp_reference.json
