@@ -230,9 +230,10 @@ def _row(size, arm, fam, runs: pd.DataFrame, base_params: float, m: str) -> dict
 
 
 def lr_search(p: ProtocolRuns) -> tuple[pd.DataFrame, list]:
-    """Per (size, arm): final val bpb of the lr stage at each lr tried (NaN: not tried; failed runs in `failed`),
-    the chosen lr (the seeds stage's `verdict.lr`; without seeds runs, the lr stage's best), and whether it is at
-    an edge of the grid. Returns (table, sorted grid of every lr tried)."""
+    """Per (size, arm): final val bpb of the lr stage at each lr tried, the mean over its seeds as the protocol
+    chooses (`verdict.lr.seeds`; NaN: not tried; failed runs in `failed`), the chosen lr (the seeds stage's
+    `verdict.lr`; without seeds runs, the lr stage's best), whether it is at an edge of the grid, and where an lr
+    searched at another size came from (`verdict.lr_from`). Returns (table, sorted grid of every lr tried)."""
     grid = sorted(set(p.lr["lr_value"].dropna()) | set(p.lr_failed["lr_value"].dropna()))
     rows = []
     for size in p.sizes:
@@ -243,13 +244,17 @@ def lr_search(p: ProtocolRuns) -> tuple[pd.DataFrame, list]:
             if not len(lr_runs) and not len(bad) and not len(seeds):
                 continue
             tried = sorted(set(lr_runs["lr_value"].dropna()) | set(bad["lr_value"].dropna()))
-            by_lr = lr_runs.groupby("lr_value")[VERDICT_METRIC].first().astype(float)
+            by_lr = lr_runs.groupby("lr_value")[VERDICT_METRIC].mean().astype(float)
+            n_seeds = int(lr_runs.groupby("lr_value")["seed"].nunique().max()) if len(lr_runs) else 0
+            source = seeds["verdict.lr_from"].dropna() if "verdict.lr_from" in seeds else pd.Series(dtype=str)
+            lr_from = str(source.iloc[0]) if len(source) and str(source.iloc[0]) != size else ""
             chosen = _arm_lr(seeds) if len(seeds) else (float(by_lr.idxmin()) if len(by_lr) else math.nan)
             best = float(by_lr.idxmin()) if len(by_lr) else math.nan
             edge = ""
             if np.isfinite(chosen) and len(tried) > 1:
                 edge = "lowest" if chosen == tried[0] else ("highest" if chosen == tried[-1] else "")
             row = {"size": size, "arm": arm, "chosen_lr": chosen, "lr_stage_best": best, "edge": edge,
+                   "lr_seeds": n_seeds, "lr_from": lr_from,
                    "tried": ";".join(f"{v:g}" for v in tried),
                    "failed": ";".join(f"{v:g}" for v in sorted(bad["lr_value"].dropna()))}
             for lr in grid:
@@ -555,7 +560,9 @@ def _lr_blocks(p: ProtocolRuns, lrs: pd.DataFrame, grid: list) -> list:
     if not len(lrs):
         b.append(("p", "No lr-stage runs."))
         return b
-    b.append(("p", f"Final val bpb of the lr stage (one seed per lr) at each lr of the grid; **bold ✓**: the lr "
+    n = sorted({int(v) for v in lrs["lr_seeds"] if v})
+    per = "one seed per lr" if n == [1] else f"mean over {'/'.join(map(str, n))} seeds per lr (the protocol's choice)"
+    b.append(("p", f"Final val bpb of the lr stage ({per}) at each lr of the grid; **bold ✓**: the lr "
                    "the seeds ran at (the chosen lr); `failed`: the run did not finish; blank: not tried. An lr "
                    "at an edge of the grid may not be the optimum: it may lie outside the grid."))
     rows, edges = [], []
@@ -572,6 +579,8 @@ def _lr_blocks(p: ProtocolRuns, lrs: pd.DataFrame, grid: list) -> list:
         if r["edge"]:
             note = f"chosen lr is the {r['edge']} tried: the optimum may lie outside the grid"
             edges.append(f"`{r['arm']}` at `{r['size']}`")
+        if r["lr_from"]:
+            note = f"lr searched at `{r['lr_from']}` (verdict.lr.transfer_from), not here"
         if np.isfinite(r["lr_stage_best"]) and np.isfinite(r["chosen_lr"]) and r["lr_stage_best"] != r["chosen_lr"]:
             note = (note + "; " if note else "") + f"the lr stage's best is {r['lr_stage_best']:g}"
         rows.append([f"`{r['size']}`", f"`{r['arm']}`", *cells, sci(r["chosen_lr"]), note])

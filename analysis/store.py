@@ -61,7 +61,7 @@ RUN_TAGS = (
 )
 # Tags of the verdict protocol (python -m sweeps.verdict; analysis/protocol.py reads them): which protocol, arm,
 # family, baseline arm, model size and stage (`lr`: the lr grid at one seed; `seeds`: the seeds at the best lr) a
-# run belongs to, its size's FLOP budget and (seeds stage) the lr it ran at.
+# run belongs to, its size's FLOP budget and (seeds stage) the lr it ran at and where it was searched.
 VERDICT_TAGS = (
     "verdict.protocol",
     "verdict.arm",
@@ -71,6 +71,7 @@ VERDICT_TAGS = (
     "verdict.stage",
     "verdict.budget_flops",
     "verdict.lr",
+    "verdict.lr_from",  # the size whose lr search chose it (verdict.lr.transfer_from)
     "verdict.margin",
     "verdict.margin_reason",
     "verdict.holm",

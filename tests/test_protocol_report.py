@@ -36,6 +36,8 @@ BPB = {  # seeds stage, seeds 1, 2, 3
 GRID = (0.003, 0.006, 0.012)
 LR_OFFSET = {"default": (0.30, 0.20, 0.25), ("xs", "rope"): (0.10, 0.20, 0.30)}  # lr stage: seeds mean + offset
 FAILED_LR = ("m", "geglu", 0.012)
+LR_SEEDS = ("s", "rope")  # its lr stage ran two seeds per lr
+LR_FROM = ("m", "rope")  # its seeds' lr is tagged as searched at xs (verdict.lr.transfer_from)
 T0 = 1_700_000_000_000
 MARGIN, REASON = 0.01, "a tenth of a percent of nothing: a test"
 FLOOR = {1: 4.5, 2: 3.3, 3: 1.60}
@@ -83,13 +85,16 @@ def make_store(uri: str) -> None:
             mean = float(np.mean(BPB[size][arm]))
             off = LR_OFFSET.get((size, arm), LR_OFFSET["default"])
             for lr, o in zip(GRID, off):
-                tags = base | {"verdict.stage": "lr", "seed": "0", "variant": f"{size} {arm} optim.lr={lr:g}"}
                 failed = (size, arm, lr) == FAILED_LR
-                run(tags, {"optim.lr": lr, "seed": 0}, [] if failed else metrics(mean + o, 1000.0),
-                    status="FAILED" if failed else "FINISHED")
+                # (s, rope) searched at two seeds per lr (verdict.lr.seeds): the table shows their mean
+                for seed, d in (((100, 0.05), (101, -0.05)) if (size, arm) == LR_SEEDS else ((0, 0.0),)):
+                    tags = base | {"verdict.stage": "lr", "seed": str(seed), "variant": f"{size} {arm} optim.lr={lr:g}"}
+                    run(tags, {"optim.lr": lr, "seed": seed}, [] if failed else metrics(mean + o + d, 1000.0),
+                        status="FAILED" if failed else "FINISHED")
             lr = chosen_lr(size, arm)
             for seed, bpb in zip((1, 2, 3), BPB[size][arm]):
                 tags = base | {"verdict.stage": "seeds", "seed": str(seed), "verdict.lr": f"{lr:g}",
+                               **({"verdict.lr_from": "xs"} if (size, arm) == LR_FROM else {}),
                                "variant": f"{size} {arm} optim.lr={lr:g}"}
                 run(tags, {"optim.lr": lr, "seed": seed}, metrics(bpb, 9000.0 + seed))
     run({"variant": "stray", "seed": "0"}, {"optim.lr": 0.006}, [("final_val_bpb", 0.001, 0),
@@ -268,11 +273,16 @@ def test_lr_search_table(built):
                 else:
                     assert r[f"bpb@{lr:g}"] == pytest.approx(mean + o, abs=1e-12)
             assert r["chosen_lr"] == chosen_lr(size, arm)
+            assert r["lr_seeds"] == (2 if (size, arm) == LR_SEEDS else 1)
+            assert (r["lr_from"] if isinstance(r["lr_from"], str) else "") == ("xs" if (size, arm) == LR_FROM else "")
             assert (r["edge"] if isinstance(r["edge"], str) else "") == ("lowest" if (size, arm) == ("xs", "rope")
                                                                           else "")
     md = (out / "index.md").read_text()
     line = next(ln for ln in md.splitlines() if ln.startswith("| `xs` | `rope` |"))
     assert "**1.9133** ✓" in line and "chosen lr is the lowest tried: the optimum may lie outside the grid" in line
+    line = next(ln for ln in md.splitlines() if ln.startswith("| `m` | `rope` |"))
+    assert "lr searched at `xs` (verdict.lr.transfer_from), not here" in line
+    assert "(mean over 1/2 seeds per lr (the protocol's choice))" in md
     assert "| `m` | `geglu` |" in md and "failed" in next(ln for ln in md.splitlines() if ln.startswith("| `m` | `geglu` |"))
 
 
