@@ -6,7 +6,7 @@
 # throughput of the arms at the largest size, the compact store and the generated report.
 #
 #   scripts/third_study.sh            # run (or continue) the protocol into study/third-study/, then the report
-#   scripts/third_study.sh --report   # only regenerate reports/third-study/report/ from the store; without a
+#   scripts/third_study.sh --report   # only regenerate reports/third-study/report/ and plan.txt from the store; without a
 #                                     # study/third-study/mlflow.db it uses the committed reports/third-study/mlflow.db.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,5 +36,8 @@ elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
 rm -rf reports/third-study/report
-MLFLOW_TRACKING_URI="$uri" python -m analysis.report third-study --out reports/third-study/report \
+MLFLOW_TRACKING_URI="sqlite:///study/third-study/mlflow.db" python -m analysis.report third-study --out reports/third-study/report \
   --paired reports/third-study/paired.json
+# what the study's own seed spread says it would take (the planner with this store as the pilot, not plan.sd)
+python -m sweeps.plan verdict=third-study pilot=third-study pilot_uri=sqlite:///study/third-study/mlflow.db sd=null \
+  > reports/third-study/plan.txt
