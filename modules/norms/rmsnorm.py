@@ -54,7 +54,9 @@ def rms_norm_backward(dy, x, rstd, weight, need_dw: bool):
     d = x.size(-1)
     dx, dw, _ = torch.ops.aten.native_layer_norm_backward(
         dy, x, [d], torch.zeros_like(rstd), rstd, weight, None, [True, need_dw, False])
-    dx.addcmul_(torch.mv(dy.reshape(-1, d), weight).view_as(rstd), rstd, value=1.0 / d)
+    # the (rows, 1) column first, then one broadcast add: addcmul_ with two broadcast (rows, 1) operands takes
+    # a slow strided path on CPU (the bench's `norms` section shows the parts)
+    dx.add_(torch.mv(dy.reshape(-1, d), weight).view_as(rstd).mul_(rstd).div_(d))
     return dx, dw
 
 
