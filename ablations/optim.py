@@ -157,6 +157,14 @@ def run_params(model, o: Mapping) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------ optimizers
+def _closure_loss(closure):
+    """torch.optim's closure protocol: the loss it recomputes (with gradients), or None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class BlockMuon(torch.optim.Muon if hasattr(torch.optim, "Muon") else torch.optim.Optimizer):
     """torch.optim.Muon whose step runs PyTorch's own Muon update (torch.optim._muon.muon: momentum, Newton-Schulz,
     lr adjustment, decoupled decay) on each declared block of a parameter separately: rows [0, r1), [r1, r1 + r2)
@@ -169,10 +177,7 @@ class BlockMuon(torch.optim.Muon if hasattr(torch.optim, "Muon") else torch.opti
     def step(self, closure=None):
         from torch.optim._muon import muon
 
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             for p, blocks in zip(group["params"], group["blocks"]):
                 if p.grad is None:
@@ -224,10 +229,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         self.adamw.step()
         self.muon.step()
         return loss

@@ -150,17 +150,22 @@ def _git(cwd, *args):
                         "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
 
 
+def _one_commit(repo, path: str, text: str):
+    """A git repository at `repo` whose one commit holds `path` with `text`."""
+    (repo / path).parent.mkdir(parents=True)
+    (repo / path).write_text(text)
+    _git(repo, "init", "-q")
+    _git(repo, "add", path)
+    _git(repo, "commit", "-q", "-m", "one")
+    return repo
+
+
 def test_guard_refuses_a_dirty_tree_and_other_commits(tmp_path):
     import subprocess
 
     from sweeps.verdict import VerdictError, check_commit, git_tree
 
-    repo = tmp_path / "repo"
-    (repo / "sweeps").mkdir(parents=True)
-    (repo / "sweeps" / "x.py").write_text("a = 1\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", "sweeps/x.py")
-    _git(repo, "commit", "-q", "-m", "one")
+    repo = _one_commit(tmp_path / "repo", "sweeps/x.py", "a = 1\n")
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert check_commit(repo, False, {}) == head  # clean: the commit every run will use
     (repo / "reports").mkdir()
@@ -185,12 +190,7 @@ def test_guard_refuses_a_dirty_tree_and_other_commits(tmp_path):
 def test_verdict_refuses_before_training_anything(tmp_path):
     from sweeps.verdict import Arm, ProtocolSpec, Size, Verdict, VerdictError
 
-    repo = tmp_path / "repo"
-    (repo / "conf").mkdir(parents=True)
-    (repo / "conf" / "a.yaml").write_text("a: 1\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", "conf/a.yaml")
-    _git(repo, "commit", "-q", "-m", "one")
+    repo = _one_commit(tmp_path / "repo", "conf/a.yaml", "a: 1\n")
     (repo / "conf" / "a.yaml").write_text("a: 2\n")
     calls = []
     spec = ProtocolSpec(name="guarded", experiment=None, baseline="a", arms=[Arm("a", "f", ())],
