@@ -27,14 +27,13 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .errors import ConfigError, DataError, TokenizerError
-from .shards import (FORMAT_VERSION, MANIFEST, SPLITS, dtype_for, read_header, read_manifest, shard_name,
-                     verify_shard, write_manifest, write_shard)
+from .shards import (FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter, dtype_for, read_header, read_manifest,
+                     shard_name, verify_shard, write_manifest)
 from .sources import Source, atomic_write_bytes, default_cache_dir, open_source
 from .tokenizers import CharTokenizer, Tokenizer, build_tokenizer, tokenizer_from_identity
 
@@ -182,20 +181,12 @@ def doc_batches(ds, src: Source, start: int = 0):
 
 
 # -------------------------------------------------------------------------------------- writing shards
-@dataclass
-class _Piece:
-    """Buffered tokens of one document: from token `off` of its contribution to the stream (separator included);
-    `before`/`after`: the stream's (docs, bytes, empty docs before it) before it begins / once it has begun."""
-
-    doc: int
-    off: int
-    toks: np.ndarray
-    before: tuple
-    after: tuple
-
-
 class SplitWriter:
-    """One split's token stream, cut into shards of `size` tokens; resumes from the cursor of its last shard."""
+    """One split's token stream, cut into shards of `size` tokens, each written as its tokens arrive (memory: one
+    document's tokens, whatever the shard size); resumes from the cursor of its last shard on disk.
+
+    A shard's cursor says where the next shard starts: (document index, offset into that document's tokens, the
+    separator included) and the split's (documents, UTF-8 bytes, empty documents) counted up to there."""
 
     def __init__(self, folder: Path, split: str, size: int, dtype: str, sep: int | None, resume: dict | None,
                  records: list[dict]):
@@ -204,8 +195,7 @@ class SplitWriter:
         self.records = records
         self.k, self.tokens, self.docs, self.bytes = c["shards"], c["tokens"], c["docs"], c["bytes"]
         self.next_doc, self.next_off, self.resume_empty = c["next_doc"], c["next_offset"], c["empty"]
-        self.pieces: deque[_Piece] = deque()
-        self.n = 0
+        self.out: ShardWriter | None = None  # the shard being written
         self.last = (self.next_doc - 1, self.resume_empty)  # (last document added, empty documents before it)
 
     def add(self, index: int, toks: np.ndarray, nbytes: int, empty_before: int) -> None:
@@ -214,47 +204,40 @@ class SplitWriter:
         resumed = index == self.next_doc and self.next_off > 0  # this document began in the previous shard
         sep = self.sep is not None and self.docs - resumed > 0
         part = np.concatenate((np.array([self.sep], dtype=self.dtype), toks)) if sep else toks
-        before = (self.docs, self.bytes, empty_before)
         if resumed:
             part, off, self.next_off = part[self.next_off:], self.next_off, 0
         else:
             off = 0
             self.docs, self.bytes = self.docs + 1, self.bytes + nbytes + sep
-        self.pieces.append(_Piece(index, off, part, before, (self.docs, self.bytes, empty_before)))
-        self.n += len(part)
         self.last = (index, empty_before)
-        while self.n >= self.size:
-            self._emit(self.size)
+        while len(part):
+            if self.out is None:
+                self.out = ShardWriter(self.folder / shard_name(self.split, self.k), self.dtype)
+            take = min(len(part), self.size - self.out.n)
+            self.out.write(part[:take])
+            part, off = part[take:], off + take
+            if self.out.n == self.size:  # the shard is full; the rest of this document (if any) starts the next
+                self._close((index, off) if len(part) else (index + 1, 0), empty_before)
 
-    def _emit(self, count: int) -> None:
-        chunks, need = [], count
-        while need:
-            p = self.pieces[0]
-            if len(p.toks) <= need:
-                chunks.append(p.toks)
-                need -= len(p.toks)
-                self.pieces.popleft()
-            else:  # the shard ends inside this document: the rest starts the next shard
-                chunks.append(p.toks[:need])
-                p.toks, p.off, p.before, need = p.toks[need:], p.off + need, p.after, 0
-        self.n -= count
+    def _close(self, nxt: tuple[int, int], empty: int) -> None:
+        count = self.out.n
         self.tokens += count
-        if self.pieces:
-            p = self.pieces[0]
-            nxt, (docs, nbytes, empty) = (p.doc, p.off), p.before
-        else:
-            nxt, (docs, nbytes), empty = (self.last[0] + 1, 0), (self.docs, self.bytes), self.last[1]
-        cursor = {"shards": self.k + 1, "tokens": self.tokens, "docs": docs, "bytes": nbytes,
+        cursor = {"shards": self.k + 1, "tokens": self.tokens, "docs": self.docs, "bytes": self.bytes,
                   "next_doc": nxt[0], "next_offset": nxt[1], "empty": empty}
         name = shard_name(self.split, self.k)
-        sha = write_shard(self.folder / name, np.concatenate(chunks) if len(chunks) > 1 else chunks[0], self.dtype,
-                          cursor)
+        sha, self.out = self.out.close(cursor), None
         self.records.append({"file": name, "tokens": count, "sha256": sha})
         self.k += 1
 
     def finish(self) -> None:
-        if self.n:
-            self._emit(self.n)
+        if self.out is not None and self.out.n:
+            self._close((self.last[0] + 1, 0), self.last[1])
+
+    def abort(self) -> None:
+        """Drop the shard being written (its temporary file); finished shards stay for a re-run."""
+        if self.out is not None:
+            self.out.abort()
+            self.out = None
 
 
 def existing_shards(folder: Path, split: str) -> tuple[list[dict], dict | None]:
@@ -409,6 +392,10 @@ def _tokenize(ds, src: Source, writers: dict, tok: Tokenizer, plan: dict, num_pr
                         nbytes += b
                 total = results[-1][0] + 1
                 progress.update(len(results), nbytes)
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
     finally:
         progress.close()
     for w in writers.values():

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,16 +44,58 @@ def dtype_for(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 1 << 16 else "uint32"
 
 
+class ShardWriter:
+    """One shard written as its tokens arrive, so memory holds one chunk, not the shard: a temporary file in the
+    shard's folder (header space, then the payload, hashed as it is written); ``close(cursor)`` writes the header,
+    fsyncs and renames it into place (a killed writer leaves only a ``.<name>.*.tmp`` file, never a shard)."""
+
+    def __init__(self, path: Path, dtype: str):
+        self.path, self.dtype = Path(path), np.dtype(dtype).newbyteorder("<")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        self.f = os.fdopen(fd, "wb")
+        self.f.write(bytes(HEADER_BYTES))
+        self.sha, self.n = hashlib.sha256(), 0
+
+    def write(self, tokens: np.ndarray) -> None:
+        payload = np.ascontiguousarray(tokens, dtype=self.dtype).data
+        self.sha.update(payload)
+        self.f.write(payload)
+        self.n += len(tokens)
+
+    def close(self, cursor: dict) -> str:
+        """Complete the shard -> the sha256 of its payload."""
+        try:
+            cur = json.dumps(cursor, sort_keys=True).encode()
+            sha = self.sha.digest()
+            head = _HEAD.pack(MAGIC, FORMAT_VERSION, self.dtype.itemsize, self.n, sha, len(cur)) + cur
+            if len(head) > HEADER_BYTES:
+                raise ValueError(f"shard cursor too long ({len(cur)} bytes)")
+            self.f.seek(0)
+            self.f.write(head.ljust(HEADER_BYTES, b"\0"))
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        return sha.hex()
+
+    def abort(self) -> None:
+        self.f.close()
+        Path(self.tmp).unlink(missing_ok=True)
+
+
 def write_shard(path: Path, tokens: np.ndarray, dtype: str, cursor: dict) -> str:
     """Write one shard atomically (fsynced before the rename); -> the sha256 of its payload."""
-    payload = np.ascontiguousarray(tokens, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
-    sha = hashlib.sha256(payload).digest()
-    cur = json.dumps(cursor, sort_keys=True).encode()
-    head = _HEAD.pack(MAGIC, FORMAT_VERSION, np.dtype(dtype).itemsize, len(tokens), sha, len(cur)) + cur
-    if len(head) > HEADER_BYTES:
-        raise ValueError(f"shard cursor too long ({len(cur)} bytes)")
-    atomic_write_bytes(path, head.ljust(HEADER_BYTES, b"\0") + payload, fsync=True)
-    return sha.hex()
+    w = ShardWriter(path, dtype)
+    try:
+        w.write(tokens)
+    except BaseException:
+        w.abort()
+        raise
+    return w.close(cursor)
 
 
 @dataclass

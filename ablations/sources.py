@@ -277,6 +277,23 @@ def resolve_files(path: str) -> tuple[list[Path], str]:
     return files, found[0]
 
 
+def _parquet_scan_options() -> dict:
+    """Read parquet a row group at a time, so memory does not grow with the size of a file (a FineWeb-edu file holds
+    ~2 GB). datasets (5.2 here) scans each file as one pyarrow.dataset fragment: its default pre_buffer=True reads
+    the whole file's column chunks ahead (apache/arrow#39808), and its threaded scanner keeps decoding ahead of a
+    consumer slower than it (the tokenizer). Measured on one 198 MB parquet file of 315 MB of text: prepare's peak
+    868 MB, 689 MB with pre_buffer=False, and with the stream also resharded per row group (``reshard()``, below)
+    the 430 MB of the same text in 16 MB files. A datasets without these options gets none."""
+    import dataclasses
+
+    import pyarrow.dataset as pds
+    from datasets.packaged_modules.parquet.parquet import ParquetConfig
+
+    if "fragment_scan_options" not in {f.name for f in dataclasses.fields(ParquetConfig)}:
+        return {}
+    return {"fragment_scan_options": pds.ParquetFragmentScanOptions(pre_buffer=False)}
+
+
 def hf_local_source(cfg) -> Source:
     files, builder = resolve_files(str(cfg.path))
     root = Path(os.path.commonpath([str(f.parent) for f in files]))
@@ -294,8 +311,12 @@ def hf_local_source(cfg) -> Source:
         datasets = _datasets()
         try:
             # local files converted to Arrow are a derived cache like the shards: kept beside them
-            return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
-                                         streaming=streaming, cache_dir=str(cache / "hf-datasets"), **kwargs)
+            ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
+                                       streaming=streaming, cache_dir=str(cache / "hf-datasets"), **kwargs,
+                                       **(_parquet_scan_options() if builder == "parquet" else {}))
+            if streaming and builder == "parquet" and hasattr(ds, "reshard"):
+                ds = ds.reshard()  # one row group per shard, in file order (see _parquet_scan_options)
+            return ds
         except (ValueError, OSError, TypeError) as e:
             raise DataError(f"data.path={cfg.path}: datasets could not read the {builder} files "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}): check that "
