@@ -28,8 +28,8 @@ def test_experiment_compares_every_variant_of_its_family(experiment):
 
 def test_unknown_group_option_message_lists_valid_choices():
     msg = check_group_overrides(["model=tiny", "norm=layernorm,rmsnorm,batchnorm"], CONF)
-    assert msg == ("error: norm=batchnorm is not an option of group 'norm': valid options are dyt, layernorm, rmsnorm "
-                   "(files in conf/norm/)")
+    assert msg == ("error: norm=batchnorm is not an option of group 'norm': valid options are dyt, layernorm, rmsnorm, "
+                   "scalenorm (files in conf/norm/)")
     assert check_group_overrides(["-m", "norm=layernorm,rmsnorm", "optim.lr=1e-3", "experiment=null"], CONF) is None
 
 
