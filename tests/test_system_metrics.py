@@ -5,8 +5,10 @@ memory figures at consecutive steps; the memory in use agrees with psutil's own 
 the monitor thread is gone when the run ends (FINISHED or KILLED); `tracking.system_metrics=false` records none.
 """
 import threading
+import time
 from pathlib import Path
 
+import lightning.pytorch as pl
 import psutil
 import pytest
 from hydra import compose, initialize_config_dir
@@ -47,9 +49,22 @@ def _no_env_uri(monkeypatch):
     monkeypatch.delenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", raising=False)
 
 
+class _PauseAt(pl.Callback):
+    """Sleeps `seconds` once at step `step`: the run outlasts several sampling intervals however fast or loaded the
+    machine is (a sleep releases the GIL, so the monitor thread samples meanwhile)."""
+
+    def __init__(self, step: int, seconds: float):
+        self.step, self.seconds, self.done = step, seconds, False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step and not self.done:
+            self.done = True
+            time.sleep(self.seconds)
+
+
 def test_run_records_system_metrics(tmp_path, shakespeare_path, one_thread):
     used_mb = psutil.virtual_memory().used / 1e6
-    out = train(cfg_for(tmp_path, shakespeare_path))
+    out = train(cfg_for(tmp_path, shakespeare_path), callbacks=[_PauseAt(10, 1.5)])  # >= 5 intervals of 0.3 s
     assert not monitor_threads()  # stopped with the run
     c = client(tmp_path)
     run = c.get_run(out["run_id"])
