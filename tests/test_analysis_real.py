@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
 EXPERIMENT = "test"
 VARIANTS = ("attention=mha", "attention=mqa")  # different KV-cache sizes: the Pareto set is not trivial
 SEEDS = (0, 1)

@@ -12,12 +12,25 @@ from ablations import bench
 from modules.registry import names
 
 
+def run_bench(argv: list[str]) -> int:
+    """bench.main on one thread, torch's thread count restored after. The figures' sanity does not depend on the
+    thread count, and a tiny model's parallel ops on a busy machine wait for their slowest thread (the bench's own
+    note): with two threads and another process on the cores, these sections took 10x longer."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return bench.main([*argv, "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "bench.json"
-    rc = bench.main(["model=tiny", "--quick", "--no-compile", "--only", "ceilings,train,inference,scaling",
-                     "--window", "0.1", "--rounds", "1", "--new-tokens", "4", "--contexts", "8,16",
-                     "--json", str(path)])
+    rc = run_bench(["model=tiny", "--quick", "--no-compile", "--only", "ceilings,train,inference,scaling",
+                    "--window", "0.1", "--rounds", "1", "--new-tokens", "4", "--contexts", "8,16",
+                    "--json", str(path)])
     assert rc == 0
     return json.loads(path.read_text())
 
@@ -118,8 +131,8 @@ def test_cache_appends_in_place():
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "variants.json"
-    rc = bench.main(["model=tiny", "data.batch_size=4", "--quick", "--only", "variants", "--window", "0.02",
-                     "--rounds", "2", "--contexts", "16", "--new-tokens", "4", "--json", str(path)])
+    rc = run_bench(["model=tiny", "data.batch_size=4", "--quick", "--only", "variants", "--window", "0.02",
+                    "--rounds", "2", "--contexts", "16", "--new-tokens", "4", "--json", str(path)])
     assert rc == 0
     return json.loads(path.read_text())
 

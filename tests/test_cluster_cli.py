@@ -4,9 +4,6 @@ checkpoint-upload switch, and the bench's RMSNorm section."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -66,17 +63,23 @@ def test_checkpoint_upload_switch_and_run_names():
     assert len(long) == 250 and long.endswith("...")  # MLflow's runs.name is VARCHAR(250) on PostgreSQL
 
 
-def test_bench_norms_section_reports_the_paired_ratio(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "-m", "ablations.bench", "--only", "norms", "--steps", "1", "--threads", "1",
-                        "model=tiny", "--json", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+@pytest.mark.slow
+def test_bench_norms_section_reports_the_paired_ratio(tmp_path, capsys):
+    """ablations.bench's main in this process, as tests/test_bench.py runs its other sections (threads restored)."""
+    import torch
+
+    from ablations import bench
+
+    out, threads = tmp_path / "bench.json", torch.get_num_threads()
+    try:
+        assert bench.main(["--only", "norms", "--steps", "1", "--threads", "1", "model=tiny", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    r = capsys.readouterr()
     norms = json.loads(out.read_text())["norms"]
     paired = norms["paired"]
     assert paired["command"].startswith("python -m ablations.paired --model tiny ")
     assert paired["ratio_rmsnorm_over_layernorm"] > 0 and set(paired["tokens_per_sec"]) == {"layernorm", "rmsnorm"}
     assert {"layernorm fwd+bwd", "rmsnorm fwd+bwd", "empty autograd.Function"} <= set(norms["kernel_seconds"])
     assert norms["rmsnorm_floor"] in ("forward", "backward", "autograd.Function")
-    assert "paired training rmsnorm / layernorm (tiny" in r.stdout
+    assert "paired training rmsnorm / layernorm (tiny" in r.out

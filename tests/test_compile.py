@@ -38,6 +38,7 @@ def _no_env_uri(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
+@pytest.mark.slow
 def test_compiled_training_matches_eager(tmp_path, shakespeare_path, one_thread):
     from torch._dynamo.utils import counters
 

@@ -160,30 +160,10 @@ def test_windows_score_every_target_once_with_at_most_c_inputs(n, c, mode, strid
 
 # ------------------------------------------------------------------------------------------ the command, end to end
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, shakespeare_path):
-    """Two tiny runs (learned, rope; context 32) recorded in a fresh store by the real ablations.run."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from mlflow import MlflowClient
-
-    cwd = tmp_path_factory.mktemp("ctx") / "job"
-    cwd.mkdir()
-    uri = f"sqlite:///{cwd}/mlflow.db"
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(ABLATIONS_CACHE_DIR=str(cwd.parent / "token-cache"), PYTHONPATH=str(Path(__file__).parents[1]))
-    args = ["-m", "model=tiny", "position=learned,rope", "data=shakespeare", f"data.path={shakespeare_path}",
-            "tokenizer=char", "data.batch_size=4", "data.val_windows=4", "trainer.max_steps=3",
-            "trainer.val_check_interval=3", "trainer.enable_progress_bar=false", "generate.max_new_tokens=4",
-            "generate.bench_decode_tokens=2", "generate.bench_prefill_tokens=8", "threads=1", f"tracking.uri={uri}"]
-    r = subprocess.run([sys.executable, "-m", "ablations.run", *args], cwd=cwd, env=env, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    cl = MlflowClient(uri)
-    runs = cl.search_runs([cl.get_experiment_by_name("ablations").experiment_id])
-    return uri, cl, {run.data.tags["choice.position"]: run.info.run_id for run in runs}, env["ABLATIONS_CACHE_DIR"]
+def trained(multirun):
+    """Two tiny runs (learned, rope; context 32) recorded in a fresh store by the real ablations.run: the session's
+    `multirun` (tests/conftest.py), also read by tests/test_harness_run.py."""
+    return multirun.uri, multirun.client, multirun.runs, multirun.cache_dir
 
 
 def evaluate_cli(trained, monkeypatch, *args):
@@ -198,6 +178,7 @@ def history(cl, run_id, key):
     return {m.step: m.value for m in cl.get_metric_history(run_id, key)}
 
 
+@pytest.mark.slow
 def test_evaluate_logs_every_context_and_mode_into_the_run(trained, monkeypatch, capsys):
     uri, cl, runs, _ = trained
     rid = runs["rope"]
@@ -220,6 +201,7 @@ def test_evaluate_logs_every_context_and_mode_into_the_run(trained, monkeypatch,
     assert tags["eval.sliding.stride"] == "8" and '"name": "yarn"' in tags["eval.scaling.yarn2"]
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_contexts_past_a_learned_table(trained, monkeypatch, capsys):
     uri, cl, runs, _ = trained
     rid = runs["learned"]
@@ -234,6 +216,7 @@ def test_evaluate_refuses_contexts_past_a_learned_table(trained, monkeypatch, ca
     assert "needs a rope run" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arg,message", [
     ("eval.mode=strided", "eval.mode='strided': choose one of nonoverlap, sliding"),
     ("eval.contexts=[0,64]", "eval.contexts=[0, 64]: expected a list of integers >= 1"),
@@ -261,6 +244,7 @@ def test_degradation_is_paired_within_runs_with_a_t_interval():
     assert table == [["`rope`", "+0.2000 [-0.0484, +0.4484]"]]
 
 
+@pytest.mark.slow
 def test_report_has_the_context_section_and_regenerates_byte_for_byte(trained, monkeypatch, tmp_path):
     from analysis.report import build_report
 

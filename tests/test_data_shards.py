@@ -165,6 +165,7 @@ def _env():
     return {**os.environ, **OFFLINE, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "0"}
 
 
+@pytest.mark.slow
 def test_kill9_during_prepare_then_rerun_is_byte_identical(tmp_path):
     docs = make_docs(3000, seed=2, words=120)  # ~2 MB: ~2000 shards of 1024 tokens
     corpus = write_parquet(tmp_path / "c.parquet", docs, row_group_size=256)
@@ -250,6 +251,7 @@ def test_missing_text_column_names_the_columns(tmp_path):
     assert not list((tmp_path / "cache").glob("tokens/*/*.bin"))
 
 
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
     corpus = write_parquet(tmp_path / "c.parquet", make_docs(30), column="content")
     cases = [(["data=hf", f"data.path={corpus}"], r"data.text_column=text is not a column .* its columns are id, content"),
@@ -407,6 +409,7 @@ def test_a_shard_is_written_as_its_tokens_arrive_not_held_in_memory(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_run_trains_on_a_parquet_corpus(tmp_path):
     corpus = write_parquet(tmp_path / "c.parquet", make_docs(200, words=60))
     args = ["data=hf", f"data.path={corpus}", "tokenizer=byte", "model=tiny", "data.batch_size=4",

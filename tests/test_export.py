@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +13,6 @@ import torch
 from ablations import export as ex
 from modules.gpt import GPT
 
-REPO = Path(__file__).resolve().parents[1]
 TEXT = "ROMEO: O, she doth teach the torches to burn bright!\n\tNaïve café — 9€ 😀 \x00 end"
 
 
@@ -81,27 +79,26 @@ def test_combinations_without_an_hf_architecture_are_refused_naming_the_setting(
 
 # ------------------------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
-def llama_run(tmp_path_factory, shakespeare_path):
-    """A 2-step Llama-style run (rope, rmsnorm, swiglu, gqa) on bytes, recorded in its own MLflow store."""
+def llama_run(tmp_path_factory, shakespeare_path, train_here):
+    """A 2-step Llama-style run (rope, rmsnorm, swiglu, gqa) on bytes, recorded in its own MLflow store (trained in
+    this process: export reads the recorded run, the training CLI is tested in tests/test_harness_run.py)."""
     cwd = tmp_path_factory.mktemp("export")
     uri = f"sqlite:///{cwd}/mlflow.db"
     args = {"model": "tiny", "position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "attention": "gqa",
             "attention.n_kv_head": 2, "data": "shakespeare", "data.path": str(shakespeare_path), "tokenizer": "byte",
             "data.batch_size": 2, "data.val_windows": 2, "trainer.max_steps": 2, "trainer.val_check_interval": 2,
             "trainer.enable_progress_bar": "false", "generate.max_new_tokens": 2, "generate.bench_decode_tokens": 2,
-            "tracking.uri": uri, "checkpoint.dir": str(cwd / "ckpt")}
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(ABLATIONS_CACHE_DIR=str(cwd / "cache"), PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")
-    r = subprocess.run([sys.executable, "-m", "ablations.run", *[f"{k}={v}" for k, v in args.items()]], cwd=cwd,
-                       env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+            "tracking.uri": uri, "checkpoint.dir": str(cwd / "ckpt"), "data.cache_dir": str(cwd / "cache")}
+    run_id = train_here(cwd, [f"{k}={v}" for k, v in args.items()])["run_id"]
     from mlflow import MlflowClient
 
     c = MlflowClient(tracking_uri=uri)
     (run,) = c.search_runs([c.get_experiment_by_name("ablations").experiment_id])
-    return cwd, uri, run.info.run_id
+    assert run.info.run_id == run_id
+    return cwd, uri, run_id
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_our_logits_and_is_logged(llama_run, capsys):
     from mlflow import MlflowClient
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -124,6 +121,7 @@ def test_export_loads_in_transformers_with_our_logits_and_is_logged(llama_run, c
     assert {"hf/config.json", "hf/model.safetensors", "hf/tokenizer.json"} <= logged
 
 
+@pytest.mark.slow
 def test_lm_eval_runs_offline_on_the_export(llama_run, tmp_path):
     cwd, _, _ = llama_run
     out = cwd / "hf"
@@ -154,6 +152,7 @@ def test_lm_eval_runs_offline_on_the_export(llama_run, tmp_path):
     assert 0.0 <= acc <= 1.0
 
 
+@pytest.mark.slow
 def test_refused_run_exits_2_with_one_line(llama_run, tmp_path, capsys):
     """A post-norm checkpoint, logged like a harness run (the real run's checkpoint with the model swapped)."""
     from mlflow import MlflowClient

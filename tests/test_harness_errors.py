@@ -98,7 +98,8 @@ def test_bad_values_fail_before_any_run(tmp_path, shakespeare_path, override, ma
     assert runs(tmp_path) == [] and not (tmp_path / "ckpt").exists()
 
 
-@pytest.mark.parametrize("extra", [[], ["trainer=ddp"]], ids=["one-process", "ddp_spawn"])
+@pytest.mark.parametrize("extra", [[], pytest.param(["trainer=ddp"], marks=pytest.mark.slow)],
+                         ids=["one-process", "ddp_spawn"])
 def test_nan_loss_raises_divergence_error_and_fails_the_run(tmp_path, shakespeare_path, extra):
     """A NaN loss is a DivergenceError (recognised with isinstance), also when a ddp_spawn worker raises it."""
     import sys

@@ -56,12 +56,17 @@ def history(c, run_id, key):
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, shakespeare_path):
+    """One CLI run of tiny_args (12 steps), its stdout a pipe with the progress bar asked for: the summary line, the
+    MLflow record, the artifacts, the progress lines and the uninterrupted reference of the kill/resume test all
+    read this one run (trainer.enable_progress_bar does not change the training)."""
     cwd = tmp_path_factory.mktemp("single") / "job"
-    r = run_cli(cwd, tiny_args(shakespeare_path, **{"tracking.uri": f"sqlite:///{cwd}/mlflow.db"}))
+    r = run_cli(cwd, tiny_args(shakespeare_path, **{"tracking.uri": f"sqlite:///{cwd}/mlflow.db",
+                                                    "trainer.enable_progress_bar": "true"}))
     assert r.returncode == 0, r.stderr[-3000:]
     return cwd, r
 
 
+@pytest.mark.slow
 def test_single_run_summary_line(single):
     cwd, r = single
     last = r.stdout.strip().splitlines()[-1]
@@ -71,6 +76,7 @@ def test_single_run_summary_line(single):
     assert runs[0].info.run_id in last and f"mlflow ui --backend-store-uri sqlite:///{cwd}/mlflow.db" in last
 
 
+@pytest.mark.slow
 def test_single_run_mlflow_record(single, shakespeare_path):
     cwd, _ = single
     c, (run,) = runs_of(cwd)
@@ -98,6 +104,7 @@ def test_single_run_mlflow_record(single, shakespeare_path):
     assert m["kv_cache_bytes_measured"] > 0 and m["decode_tokens_per_sec"] > 0
 
 
+@pytest.mark.slow
 def test_single_run_artifacts_and_final_checkpoint(single):
     cwd, _ = single
     c, (run,) = runs_of(cwd)
@@ -113,6 +120,7 @@ def test_single_run_artifacts_and_final_checkpoint(single):
     assert sorted(p.name for p in ckdir.iterdir()) == ["last.ckpt", "run.json"]  # no temp files left
 
 
+@pytest.mark.slow
 def test_generate_cli(single):
     cwd, _ = single
     c, (run,) = runs_of(cwd)
@@ -128,21 +136,22 @@ def test_generate_cli(single):
         load_run(run.info.run_id, f"sqlite:///{cwd}/mlflow.db", "byte")
 
 
-def test_multirun_two_choices_two_grouped_runs(tmp_path, shakespeare_path):
-    cwd = tmp_path / "multi"
-    r = run_cli(cwd, ["-m", "norm=layernorm,rmsnorm", *tiny_args(shakespeare_path, **{
-        "trainer.max_steps": 3, "trainer.val_check_interval": 3, "tracking.uri": f"sqlite:///{cwd}/mlflow.db"})])
+@pytest.mark.slow
+def test_multirun_two_choices_two_grouped_runs(multirun):
+    """`-m position=learned,rope`: the session's multirun (tests/conftest.py; the context-length tests read it too)."""
+    r, cwd = multirun.result, multirun.cwd
     assert r.returncode == 0, r.stderr[-3000:]
     c, runs = runs_of(cwd)
     assert len(runs) == 2 and all(x.info.status == "FINISHED" for x in runs)
-    assert sorted(x.data.tags["variant"].split()[0] for x in runs) == ["norm=layernorm", "norm=rmsnorm"]
+    assert sorted(x.data.tags["variant"].split()[0] for x in runs) == ["position=learned", "position=rope"]
     assert all("seed=" not in x.data.tags["variant"] and "tracking" not in x.data.tags["variant"] for x in runs)
-    assert sorted(x.data.tags["choice.norm"] for x in runs) == ["layernorm", "rmsnorm"]
-    assert sorted(x.info.run_name.split()[0] for x in runs) == ["norm=layernorm", "norm=rmsnorm"]
+    assert sorted(x.data.tags["choice.position"] for x in runs) == ["learned", "rope"]
+    assert sorted(x.info.run_name.split()[0] for x in runs) == ["position=learned", "position=rope"]
     groups = {x.data.tags.get("multirun_group") for x in runs}
     assert len(groups) == 1 and None not in groups
 
 
+@pytest.mark.slow
 def test_kill_and_resume_is_one_continuous_run(tmp_path, shakespeare_path, single):
     cwd = tmp_path / "resume"
     args = tiny_args(shakespeare_path, **{"tracking.uri": f"sqlite:///{cwd}/mlflow.db"})
@@ -175,6 +184,7 @@ def test_kill_and_resume_is_one_continuous_run(tmp_path, shakespeare_path, singl
     assert dict(history(c, run_id, "tokens_seen"))[12] == 12 * 8 * 32
 
 
+@pytest.mark.slow
 def test_nan_loss_marks_run_failed_and_exits_nonzero(tmp_path, shakespeare_path):
     cwd = tmp_path / "nan"
     r = run_cli(cwd, tiny_args(shakespeare_path, **{"optim.lr": "1e6", "trainer.max_steps": 50,
@@ -194,6 +204,7 @@ def test_unknown_group_option_is_one_line(tmp_path):
     assert not (tmp_path / "bad" / "mlflow.db").exists()
 
 
+@pytest.mark.slow
 def test_ddp_two_cpu_processes_one_run(tmp_path, shakespeare_path):
     cwd = tmp_path / "ddp"
     r = run_cli(cwd, ["trainer=ddp", *tiny_args(shakespeare_path, **{
@@ -217,16 +228,36 @@ def test_unknown_config_key_is_one_line(tmp_path):
     assert not (tmp_path / "badkey" / "mlflow.db").exists()
 
 
-def test_redirected_output_is_progress_lines(tmp_path, shakespeare_path):
+@pytest.mark.slow
+def test_redirected_output_is_progress_lines(single):
     """stdout to a pipe (a log file, CI): a progress line every N steps, no progress-bar carriage returns."""
-    cwd = tmp_path / "lines"
-    r = run_cli(cwd, tiny_args(shakespeare_path, **{"trainer.enable_progress_bar": "true", "trainer.max_steps": 20,
-                                                    "trainer.val_check_interval": 10, "trainer.log_every_n_steps": 2,
-                                                    "tracking.uri": f"sqlite:///{cwd}/mlflow.db"}))
-    assert r.returncode == 0, r.stderr[-2000:]
+    _, r = single
     assert "\r" not in r.stdout + r.stderr
     progress = [ln for ln in r.stdout.splitlines() if ln.startswith("[ablations] step ") and "| loss " in ln]
-    assert [ln.split()[2] for ln in progress] == ["2/20", "4/20", "6/20", "8/20", "10/20", "12/20", "14/20", "16/20",
-                                                   "18/20", "20/20"]  # line_every(20, 2) = 2
+    assert [ln.split()[2] for ln in progress] == [f"{s}/12" for s in range(1, 13)]  # line_every(12, 1) = 1
     assert all("tokens/s" in ln and "| eta " in ln for ln in progress)
-    assert sum(ln.startswith("[ablations] step ") and "| val_loss " in ln for ln in r.stdout.splitlines()) == 2
+    val = [ln.split()[2] for ln in r.stdout.splitlines() if ln.startswith("[ablations] step ") and "| val_loss " in ln]
+    assert val == ["5/12", "10/12", "12/12"]  # one line per validation: every 5 steps and the final one
+
+
+def test_progress_lines_follow_the_logging_cadence():
+    """In process, the run above's LineProgress at another cadence: MLflow logging every 2 steps of 100, a line every
+    line_every(100, 2) = 6 steps, each at a step whose metrics were just logged, the last step always."""
+    import io
+    from types import SimpleNamespace
+
+    from ablations.progress import LineProgress, line_every
+
+    max_steps, log_every = 100, 2
+    metrics = SimpleNamespace(latest={}, last_val_step=-1)
+    out = io.StringIO()
+    bar = LineProgress(metrics, line_every(max_steps, log_every), max_steps, stream=out)
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, sanity_checking=False)
+    bar.on_train_start(trainer, None)
+    for step in range(1, max_steps + 1):
+        trainer.global_step = step
+        if step % log_every == 0 or step == max_steps:  # what MetricsCallback logs (and then LineProgress reads)
+            metrics.latest = {"step": step, "train/loss": 1.0, "tokens_per_sec": 100.0}
+        bar.on_train_batch_end(trainer, None, None, None, step - 1)
+    steps = [ln.split()[2] for ln in out.getvalue().splitlines()]
+    assert steps == [f"{s}/100" for s in (*range(6, 100, 6), 100)]

@@ -289,6 +289,7 @@ def test_bad_parametrization_is_one_line(kwargs, match):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_bad_parametrization_on_the_command_line(tmp_path):
     from test_harness_run import run_cli
 

@@ -241,6 +241,7 @@ def history(tmp: Path, key: str) -> tuple[object, list[tuple[int, float]]]:
 
 
 @pytest.mark.parametrize("overrides", [["optim=adamw"], ["optim=muon", *MUP]], ids=["adamw-sp", "muon-mup"])
+@pytest.mark.slow
 def test_killed_and_resumed_equals_uninterrupted(tmp_path, shakespeare_path, monkeypatch, overrides):
     """Uninterrupted 8 steps vs. stopped after step 5 (checkpoint at 4) and resumed: the resumed process's steps
     repeat the uninterrupted losses, lrs and final val loss exactly, so both optimizers' states (moments, momentum

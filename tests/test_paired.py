@@ -1,16 +1,16 @@
 """python -m ablations.paired: the paired ratio and its interval against hand-computed values, a real run on the
-tiny model (interleaved rounds, JSON), the JSON shown by python -m analysis.report --paired, and bad input."""
+tiny model (interleaved rounds, JSON; its main in this process), the JSON shown by python -m analysis.report
+--paired, and bad input."""
+import contextlib
+import io
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from ablations.paired import main, parse_arm, ratio_summary
 
-REPO = Path(__file__).resolve().parents[1]
 T_975_DF4 = 2.776445  # Student's t, 97.5th percentile, 4 degrees of freedom (any t table)
 
 
@@ -52,15 +52,26 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
+    """ablations.paired's main in this process (its stdout and stderr captured), torch's thread count and Dynamo's
+    caches restored after: the tool measures, the process boundary adds nothing to check."""
+    import torch
+
     out = tmp_path_factory.mktemp("paired") / "paired.json"
-    cmd = [sys.executable, "-m", "ablations.paired", "--model", "tiny", "--steps", "2", "--rounds", "3", "--threads",
-           "1", "--json", str(out), "base=", "rms=norm=rmsnorm", "gqa=attention=gqa attention.n_kv_head=1",
-           "comp=compile=true"]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    argv = ["--model", "tiny", "--steps", "2", "--rounds", "3", "--threads", "1", "--json", str(out), "base=",
+            "rms=norm=rmsnorm", "gqa=attention=gqa attention.n_kv_head=1", "comp=compile=true"]
+    stdout, stderr, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = main(argv)
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+    r = SimpleNamespace(returncode=code, stdout=stdout.getvalue(), stderr=stderr.getvalue())
     assert r.returncode == 0, r.stderr[-3000:]
     return out, json.loads(out.read_text()), r
 
 
+@pytest.mark.slow
 def test_interleaved_rounds_and_json(measured):
     _, res, r = measured
     assert [a["name"] for a in res["arms"]] == ["base", "rms", "gqa", "comp"] and res["reference"] == "base"
@@ -86,6 +97,7 @@ def test_interleaved_rounds_and_json(measured):
     assert "round 3/3" in r.stderr and "x" in r.stdout.splitlines()[2]
 
 
+@pytest.mark.slow
 def test_json_round_trips_into_the_report(measured, tmp_path):
     import synthetic_store
 

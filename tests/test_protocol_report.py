@@ -312,6 +312,7 @@ def test_throughput_labelled_unpaired_and_strays_left_out(built):
     assert "stray" in md.split("## Left out")[1]
 
 
+@pytest.mark.slow
 def test_rerun_is_byte_identical(built):
     tmp, uri, out, _, _ = built
     out2 = tmp / "again"

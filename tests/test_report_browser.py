@@ -22,6 +22,7 @@ import pytest
 from analysis import report as report_mod
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
 STORE_GZ = REPO / "reports" / "first-study" / "mlflow.db.gz"
 
 WRAPPER = """<!DOCTYPE html><html><body>

@@ -70,6 +70,7 @@ def runs(tmp_path_factory, shakespeare_path):
     return {"cl": cl, "db": db, "A": a, "B": b, "C": c, "tmp": tmp}
 
 
+@pytest.mark.slow
 def test_same_config_and_seed_gives_identical_curves(runs):
     cl = runs["cl"]
     for key in CURVES:
@@ -83,6 +84,7 @@ def test_same_config_and_seed_gives_identical_curves(runs):
     assert sample[0] == sample[1]
 
 
+@pytest.mark.slow
 def test_different_seed_differs(runs):
     cl = runs["cl"]
     for key in CURVES:
@@ -93,6 +95,7 @@ def test_different_seed_differs(runs):
     assert (ta["seed"], tc["seed"]) == ("3", "4") and ta["variant"] == tc["variant"]
 
 
+@pytest.mark.slow
 def test_run_records_its_environment(runs):
     from ablations.repro import ENV_TAGS
 
@@ -123,15 +126,21 @@ def test_deterministic_flag_is_recorded():
         torch.use_deterministic_algorithms(was)
 
 
+@pytest.mark.slow
 def test_rerun_reproduces_the_original(runs, capsys):
     from ablations import rerun
 
     cl, a = runs["cl"], runs["A"]
     threads = torch.get_num_threads()
-    code = rerun.main([f"run_id={a}", f"tracking.uri=sqlite:///{runs['db']}", "--check"])
+    torch.set_num_threads(2)  # not the original's 1 (the tests' default, tests/conftest.py): switched and back
+    try:
+        code = rerun.main([f"run_id={a}", f"tracking.uri=sqlite:///{runs['db']}", "--check"])
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert code == 0, out
-    assert torch.get_num_threads() == threads  # matched the original's 1 thread only for the re-run
+    assert after == 2  # matched the original's 1 thread only for the re-run
     assert f"reproduces {a}: identical curves" in out
     exp = cl.get_experiment_by_name("repro")
     (d,) = cl.search_runs([exp.experiment_id], filter_string=f"tags.rerun_of = '{a}'")
@@ -147,6 +156,7 @@ def test_rerun_reproduces_the_original(runs, capsys):
     assert d.data.params == orig.data.params
 
 
+@pytest.mark.slow
 def test_rerun_errors_are_one_line(runs, capsys):
     from ablations import rerun
 

@@ -59,6 +59,7 @@ def test_bad_workers_value_is_one_line(value):
     assert parse_workers("auto") == "auto" and parse_workers("3") == 3
 
 
+@pytest.mark.slow
 def test_two_cpu_workers_share_one_study(tmp_path, shakespeare_path):
     env = worker_env(tmp_path / "cache")
     env.pop("CUDA_VISIBLE_DEVICES", None)

@@ -1,8 +1,8 @@
 """Many workers against a real PostgreSQL server: an exact shared trial budget, and a killed worker's trial retried.
 
 The server: $ABLATIONS_TEST_POSTGRES_URL (any database on it; .ci/run sets it), else a throwaway cluster started
-with initdb/pg_ctl (Debian's postgresql package). Missing PostgreSQL FAILS these tests when CI=true, and skips
-them with the reason otherwise. Each test gets a fresh database.
+with initdb/pg_ctl (Debian's postgresql package), one for the session (tests/conftest.py: pg_server, pg_url). Missing
+PostgreSQL FAILS these tests when CI=true, and skips them with the reason otherwise. Each test gets a fresh database.
 """
 from __future__ import annotations
 
@@ -17,33 +17,9 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from sweeps.storage import normalize_url, retried_numbers
-from sweeps_testing import ci, fresh_database, postgres_server, start_worker, tiny_overrides, wait_for, worker_env
+from sweeps_testing import start_worker, tiny_overrides, wait_for, worker_env
 
-
-@pytest.fixture(scope="module")
-def pg_server():
-    from pgtest import PostgresUnavailable
-
-    gen = postgres_server()
-    try:
-        url = next(gen)
-    except PostgresUnavailable as e:
-        if ci():
-            pytest.fail(f"PostgreSQL is required in CI (set ABLATIONS_TEST_POSTGRES_URL or install postgresql): {e}")
-        pytest.skip(f"PostgreSQL not available: {e}")
-    yield url
-    gen.close()
-
-
-@pytest.fixture
-def pg_url(pg_server):
-    try:
-        return fresh_database(pg_server)
-    except Exception as e:  # noqa: BLE001 - e.g. ABLATIONS_TEST_POSTGRES_URL points at a server that is down
-        msg = f"cannot create a database on {pg_server}: {type(e).__name__}: {str(e).strip().splitlines()[0]}"
-        if ci():
-            pytest.fail(msg)
-        pytest.skip(msg)
+pytestmark = pytest.mark.slow
 
 
 def _args(url: str, n_trials: int, corpus, max_steps: int) -> list[str]:
@@ -107,9 +83,12 @@ def test_killed_worker_trial_is_retried(pg_url, tmp_path, tmp_path_factory, shak
     n = 2
     args = _args(pg_url, n, shakespeare_path, max_steps=300)
     victim = start_worker(args, tmp_path, env, tmp_path / "victim.log")
+    # one storage (one connection pool) for the polling: a new one per poll would hold a connection each until
+    # collected, and the server's max_connections is shared with the workers
+    polled = optuna.storages.RDBStorage(normalize_url(pg_url))
     try:
         def training():
-            study = optuna.load_study(study_name="pg", storage=normalize_url(pg_url))
+            study = optuna.load_study(study_name="pg", storage=polled)
             running = [t for t in study.get_trials() if t.state == TrialState.RUNNING]
             return running and "mlflow_run_id" in running[0].user_attrs and running[0]
 
@@ -117,6 +96,7 @@ def test_killed_worker_trial_is_retried(pg_url, tmp_path, tmp_path_factory, shak
     finally:
         os.killpg(victim.pid, signal.SIGKILL)  # mid-trial: no chance to clean up
         victim.wait(timeout=30)
+        polled.engine.dispose()
     survivor = start_worker(args, tmp_path, env, tmp_path / "survivor.log")
     try:
         _finish([survivor])

@@ -15,6 +15,8 @@ from optuna.trial import TrialState
 from sweeps.run import main
 from sweeps_testing import REPO, free_port, get_json, tiny_overrides, wait_for
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch, tmp_path_factory):

@@ -195,6 +195,7 @@ def test_bad_input_one_line(tmp_path, monkeypatch, capsys, argv, expected):
     assert err.startswith("error: ") and expected in err and "\n" not in err, err
 
 
+@pytest.mark.slow
 def test_cli_subprocess_unknown_sweep(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sweeps.run", "sweep=nope"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})

@@ -28,9 +28,10 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from sweeps.storage import normalize_url
-from sweeps_testing import ci, fresh_database, postgres_server, wait_for, worker_env
+from sweeps_testing import ci, fresh_database, wait_for, worker_env
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
 # MLflow's client retries a failed request with backoff factor * 2^n seconds (0, 2, 6, 14, 30, 62 s cumulative at
 # factor 1; the default 2 doubles that): the window a server outage must fit in (docs/cluster.md)
 RETRY_ENV = {"MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "7"}
@@ -80,13 +81,13 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, pg_server):
+    """`mlflow server` on a fresh database of the session's PostgreSQL server (tests/conftest.py)."""
     from pgtest import create_database
 
-    gen = postgres_server()
     try:
-        backend = create_database(next(gen), f"mlflow_test_{uuid.uuid4().hex[:10]}")
-    except Exception as e:  # noqa: BLE001 - no PostgreSQL (PostgresUnavailable, a server down): fail in CI, else skip
+        backend = create_database(pg_server, f"mlflow_test_{uuid.uuid4().hex[:10]}")
+    except Exception as e:  # noqa: BLE001 - a server that is down: fail in CI, else skip
         msg = f"PostgreSQL is required for the tracking-server tests: {type(e).__name__}: {e}"
         if ci():
             pytest.fail(msg)
@@ -96,7 +97,6 @@ def server(tmp_path_factory):
     yield srv
     if srv.proc.poll() is None:
         srv.stop()
-    gen.close()
 
 
 def tiny(corpus, **extra) -> list[str]:
@@ -198,11 +198,18 @@ def test_killed_run_resumes_elsewhere_through_a_server_outage(server, tmp_path, 
         hist = [m.step for m in sorted(c.get_metric_history(run.info.run_id, key), key=lambda m: m.timestamp)]
         assert hist == sorted(set(hist)), (key, hist)
 
-    # machine C: evaluate the run from the server's artifacts alone
-    e = cli("ablations.evaluate", [f"run_id={run.info.run_id}", f"tracking.uri={server.url}", "eval.contexts=[32]",
-                                   "threads=1"], tmp_path / "C", env)
-    out_e = finish(e)
-    assert e.returncode == 0, out_e[-3000:]
+    # machine C: evaluate the run from the server's artifacts alone, from an empty directory (in this process,
+    # which holds no file of the run either: no third interpreter importing torch, Lightning and MLflow)
+    from ablations.evaluate import main as evaluate
+
+    (tmp_path / "C").mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        for k, v in env.items():
+            mp.setenv(k, v)
+        mp.chdir(tmp_path / "C")
+        assert evaluate([f"run_id={run.info.run_id}", f"tracking.uri={server.url}", "eval.contexts=[32]",
+                         "threads=1"]) == 0
     assert [m.step for m in c.get_metric_history(run.info.run_id, "eval/nonoverlap/bpb")] == [32]
 
 
@@ -210,7 +217,7 @@ def _sweep_processes(root: psutil.Process) -> list[psutil.Process]:
     return [p for p in root.children(recursive=True) if "sweeps.run" in " ".join(p.cmdline())]
 
 
-def test_sweep_workers_as_submitit_jobs_one_killed_then_a_report(server, tmp_path, shakespeare_path):
+def test_sweep_workers_as_submitit_jobs_one_killed_then_a_report(server, tmp_path, shakespeare_path, capsys):
     env, c = env_for(tmp_path), MlflowClient(server.url)
     storage = fresh_database(server.backend)  # the study: another database on the same PostgreSQL
     n = 3
@@ -221,17 +228,21 @@ def test_sweep_workers_as_submitit_jobs_one_killed_then_a_report(server, tmp_pat
                                               "checkpoint.every_n_steps": 1000})]
     sub = cli("sweeps.submit", [str(2), "hydra/launcher=submitit_local", "--", *worker_args], tmp_path / "sweep", env)
     study_url = normalize_url(storage)
+    polled = optuna.storages.RDBStorage(study_url)  # one connection pool for the polling, not one per poll
 
     def both_training():
         try:
-            running = [t for t in optuna.load_study(study_name="ts", storage=study_url).get_trials()
+            running = [t for t in optuna.load_study(study_name="ts", storage=polled).get_trials()
                        if t.state == TrialState.RUNNING and "mlflow_run_id" in t.user_attrs]
         except KeyError:  # the study is not created yet
             return False
         return len(running) == 2 and all(c.get_metric_history(t.user_attrs["mlflow_run_id"], "train/loss")
                                          for t in running) and running
 
-    running = until(both_training, sub, timeout=300, what="two trials training at once")
+    try:
+        running = until(both_training, sub, timeout=300, what="two trials training at once")
+    finally:
+        polled.engine.dispose()
     workers = _sweep_processes(psutil.Process(sub.pid))
     assert len(workers) == 2, [w.cmdline() for w in workers]
     workers[0].send_signal(signal.SIGKILL)  # mid-trial, no clean-up
@@ -250,11 +261,11 @@ def test_sweep_workers_as_submitit_jobs_one_killed_then_a_report(server, tmp_pat
     for t in done:
         assert c.get_run(t.user_attrs["mlflow_run_id"]).info.status == "FINISHED"
 
-    r = subprocess.run([sys.executable, "-m", "analysis.report", "ts", "--tracking-uri", server.url, "--out",
-                        str(tmp_path / "report")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert f"{n} runs of" in r.stdout and (tmp_path / "report" / "index.md").is_file()
+    from analysis.report import main as report  # in this process: it only reads the server
+
+    capsys.readouterr()
+    assert report(["ts", "--tracking-uri", server.url, "--out", str(tmp_path / "report")]) == 0
+    assert f"{n} runs of" in capsys.readouterr().out and (tmp_path / "report" / "index.md").is_file()
 
 
 def test_submitit_local_multirun_lands_one_finished_run_per_job(server, tmp_path, shakespeare_path):

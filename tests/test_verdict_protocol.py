@@ -1,11 +1,23 @@
-"""The verdict protocol end to end at tiny size: python -m sweeps.verdict on SQLite storage, read back from MLflow
-and Optuna; re-running continues instead of repeating; bad protocol input fails in one line."""
+"""The verdict protocol end to end at tiny size: sweeps.verdict on SQLite storage, read back from MLflow and Optuna;
+re-running continues instead of repeating; bad protocol input fails in one line.
+
+The protocols run through `sweeps.verdict.main` in this process (`verdict_here`: the working directory, token cache
+and environment a `python -m sweeps.verdict` subprocess would get), so no second interpreter imports torch,
+Lightning and MLflow again; the command line itself (its exit code, its one-line error) is run as a real process
+once (test_bad_protocol_from_the_command_line), and verdict.workers=2 starts real worker processes."""
+import contextlib
+import io
 import math
+import os
+from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
 
 from test_harness_run import run_cli, tiny_args
+
+REPO = Path(__file__).resolve().parents[1]
 
 ARMS = "verdict.arms={learned:{family:positions,overrides:['position=learned']},rope:{family:positions,overrides:['position=rope']}}"
 SIZES = ("verdict.sizes=[{name:a,budget_flops:1.5e8,overrides:['model.n_embd=16']},"
@@ -30,16 +42,34 @@ def _runs(cwd):
     return c, ([] if exp is None else c.search_runs([exp.experiment_id], max_results=1000))
 
 
+def verdict_here(cwd: Path, args: list[str]) -> SimpleNamespace:
+    """`python -m sweeps.verdict args` as sweeps.verdict.main(args) in this process: in `cwd`, with run_cli's token
+    cache beside it and its environment (no $MLFLOW_TRACKING_URI; worker processes find this checkout) ->
+    namespace(returncode, stdout, stderr), like the CompletedProcess of run_cli."""
+    from sweeps.verdict import main
+
+    cwd.mkdir(parents=True, exist_ok=True)
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.setenv("ABLATIONS_CACHE_DIR", str(cwd.parent / "token-cache"))
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        mp.chdir(cwd)
+        code = main(list(args))
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
 @pytest.fixture(scope="module")
 def protocol(tmp_path_factory, shakespeare_path):
     cwd = tmp_path_factory.mktemp("verdict") / "job"
-    first = run_cli(cwd, verdict_args(cwd, shakespeare_path), module="sweeps.verdict", timeout=900)
+    first = verdict_here(cwd, verdict_args(cwd, shakespeare_path))
     assert first.returncode == 0, first.stderr[-3000:] + first.stdout[-3000:]
     _, runs_after_first = _runs(cwd)
-    again = run_cli(cwd, verdict_args(cwd, shakespeare_path), module="sweeps.verdict", timeout=900)
+    again = verdict_here(cwd, verdict_args(cwd, shakespeare_path))
     return cwd, first, again, runs_after_first
 
 
+@pytest.mark.slow
 def test_every_stage_ran_and_is_tagged(protocol):
     cwd, first, _, _ = protocol
     c, runs = _runs(cwd)
@@ -67,6 +97,7 @@ def test_every_stage_ran_and_is_tagged(protocol):
     assert "report: python -m analysis.report tinyverdict" in first.stdout
 
 
+@pytest.mark.slow
 def test_steps_follow_each_runs_compute_budget(protocol):
     cwd, _, _, _ = protocol
     _, runs = _runs(cwd)
@@ -83,6 +114,7 @@ def test_steps_follow_each_runs_compute_budget(protocol):
     assert len(set(steps.values())) == 3  # the sizes really are different models
 
 
+@pytest.mark.slow
 def test_optuna_studies_hold_the_lr_stages(protocol):
     cwd, _, _, _ = protocol
     storage = f"sqlite:///{cwd}/optuna.db"
@@ -94,6 +126,7 @@ def test_optuna_studies_hold_the_lr_stages(protocol):
         assert sorted(t.params["optim.lr"] for t in trials) == [0.002, 0.02]
 
 
+@pytest.mark.slow
 def test_rerun_continues_without_repeating(protocol):
     cwd, _, again, before = protocol
     assert again.returncode == 0, again.stderr[-3000:]
@@ -101,32 +134,45 @@ def test_rerun_continues_without_repeating(protocol):
     assert sorted(r.info.run_id for r in after) == sorted(r.info.run_id for r in before)
 
 
-@pytest.mark.parametrize("bad,needle", [
+BAD_PROTOCOLS = [
     ("verdict.baseline=alibi", "verdict.baseline='alibi'"),
     ("verdict.lr.grid=[]", "verdict.lr.grid=[]"),
     ("verdict.sizes=[{name:a,budget_flops:0}]", "budget_flops=0"),
     ("verdict.margin=null", "verdict.margin=None"),
     ("verdict.holm=family", "verdict.holm='family'"),
     ("verdict.primary={arms:[nope]}", "verdict.primary.arms=['nope']"),
-])
-def test_bad_protocol_is_one_line_and_trains_nothing(tmp_path, shakespeare_path, bad, needle):
-    cwd = tmp_path / "job"
-    r = run_cli(cwd, [*verdict_args(cwd, shakespeare_path), bad], module="sweeps.verdict")
+]
+
+
+def _check_refused(r, cwd, needle):
     assert r.returncode == 2
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and needle in line, r.stderr
     assert not (cwd / "mlflow.db").exists() or not _runs(cwd)[1]
 
 
-# The same protocol with its lr stages on a real PostgreSQL server (the storage many machines would share).
-from test_sweeps_postgres import pg_server, pg_url  # noqa: E402,F401  (fixtures)
+@pytest.mark.parametrize("bad,needle", BAD_PROTOCOLS)
+def test_bad_protocol_is_one_line_and_trains_nothing(tmp_path, shakespeare_path, bad, needle):
+    cwd = tmp_path / "job"
+    _check_refused(verdict_here(cwd, [*verdict_args(cwd, shakespeare_path), bad]), cwd, needle)
 
 
+@pytest.mark.slow
+def test_bad_protocol_from_the_command_line(tmp_path, shakespeare_path):
+    """The same refusal from a real `python -m sweeps.verdict` process: its exit status is 2, its error one line."""
+    bad, needle = BAD_PROTOCOLS[0]
+    cwd = tmp_path / "job"
+    _check_refused(run_cli(cwd, [*verdict_args(cwd, shakespeare_path), bad], module="sweeps.verdict"), cwd, needle)
+
+
+# The same protocol with its lr stages on a real PostgreSQL server (the storage many machines would share; the
+# session's server and a fresh database from tests/conftest.py).
+@pytest.mark.slow
 def test_protocol_on_postgresql_storage(tmp_path, shakespeare_path, pg_url):
     cwd = tmp_path / "job"
     one_size = "verdict.sizes=[{name:a,budget_flops:1.5e8,overrides:['model.n_embd=16']}]"
     args = [*verdict_args(cwd, shakespeare_path), one_size, "verdict.seeds_largest=1", f"verdict.storage={pg_url}"]
-    r = run_cli(cwd, args, module="sweeps.verdict", timeout=600)
+    r = verdict_here(cwd, args)
     assert r.returncode == 0, r.stderr[-3000:]
     from sweeps.storage import normalize_url
 
@@ -219,11 +265,12 @@ def test_my_seeds_split_every_pair_once():
     assert all(len(s) >= 2 for share in shares for s in share.values())  # each worker gets a mix of every arm
 
 
+@pytest.mark.slow
 def test_two_workers_share_the_lr_study_and_split_the_seeds(tmp_path, shakespeare_path):
     cwd = tmp_path / "job"
     one_size = "verdict.sizes=[{name:a,budget_flops:1.5e8,overrides:['model.n_embd=16']}]"
     args = [*verdict_args(cwd, shakespeare_path), one_size, "verdict.seeds_largest=3", "verdict.workers=2"]
-    r = run_cli(cwd, args, module="sweeps.verdict", timeout=900)
+    r = verdict_here(cwd, args)  # the launcher here, its two workers real `python -m sweeps.verdict` processes
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
     assert "worker 0/2" in r.stdout and "worker 1/2" in r.stdout and "workers done, exit codes [0, 0]" in r.stdout
     _, runs = _runs(cwd)

@@ -5,8 +5,7 @@ import statistics
 
 import pytest
 
-from test_harness_run import run_cli
-from test_verdict_protocol import verdict_args
+from test_verdict_protocol import verdict_args, verdict_here
 
 TRANSFER = ["model.parametrization=mup", "model.mup.base_width=16", "verdict.name=tinytransfer",
             "verdict.sizes=[{name:a,budget_flops:1.5e8,overrides:['model.n_embd=16']},"
@@ -26,11 +25,12 @@ def _runs(cwd):
 @pytest.fixture(scope="module")
 def transfer(tmp_path_factory, shakespeare_path):
     cwd = tmp_path_factory.mktemp("transfer") / "job"
-    done = run_cli(cwd, [*verdict_args(cwd, shakespeare_path), *TRANSFER], module="sweeps.verdict", timeout=900)
+    done = verdict_here(cwd, [*verdict_args(cwd, shakespeare_path), *TRANSFER])
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     return cwd, done
 
 
+@pytest.mark.slow
 def test_lr_searched_once_with_two_seeds_extended_and_reused(transfer):
     cwd, done = transfer
     runs = _runs(cwd)
