@@ -54,4 +54,6 @@ python3 -m venv .venv
 . .venv/bin/activate
 pip install -q torch==2.13.0
 pip install -q -e '.[test]'
-exec python -m pytest "$@"
+# two pytest-xdist workers, one test file each at a time (a file's module fixtures stay in one process):
+# CI's 2 cores; ABLATIONS_TEST_WORKERS=0 runs in this one process
+exec python -m pytest -n "${ABLATIONS_TEST_WORKERS:-2}" --dist loadfile "$@"
