@@ -137,11 +137,11 @@ def multirun(tmp_path_factory, shakespeare_path):
 
 
 # ------------------------------------------------------------------------------------------ two workers (xdist)
-# `bash scripts/test.sh` runs the suite on two pytest-xdist workers with --dist loadgroup: each module's tests stay on
-# one worker (its module fixtures run once), the modules that read one session fixture share a group (it runs once),
-# and the longest groups start first, so that the two workers end together (--no-loadscope-reorder keeps this order;
-# xdist would otherwise start the groups with the most tests, which here are the quick ones). The order is only
-# balance: a module missing from LONGEST_FIRST runs after those listed, and every test passes in any order.
+# `bash scripts/test.sh` runs the suite on two pytest-xdist workers with --dist loadfile, refined here: each module's
+# tests stay on one worker (its module fixtures run once), the modules that read one session fixture stay together
+# (it runs once), and the longest groups start first, so that the two workers end together (xdist's own order starts
+# the groups with the most tests, which here are the quick ones). The order is only balance: a module missing from
+# LONGEST_FIRST runs after those listed, and every test passes in any order.
 SHARED_GROUPS = {"test_harness_run": "multirun", "test_context_length": "multirun"}  # the `multirun` fixture
 LONGEST_FIRST = ("test_tracking_server", "multirun", "test_verdict_protocol", "test_sweeps_postgres",
                  "test_analysis_real", "test_verdict_transfer", "test_sweeps_sqlite", "test_sweep_workers",
@@ -149,16 +149,28 @@ LONGEST_FIRST = ("test_tracking_server", "multirun", "test_verdict_protocol", "t
                  "test_sweeps_unit", "test_reproducibility", "test_harness_errors")
 
 
-@pytest.hookimpl(tryfirst=True)
+def _group(nodeid: str) -> str:
+    module = Path(nodeid.split("::", 1)[0]).stem
+    return SHARED_GROUPS.get(module, module)
+
+
 def pytest_collection_modifyitems(config, items):
-    if not hasattr(config, "workerinput") or not config.getvalue("loadgroup"):
-        return  # not an xdist worker under --dist loadgroup: the order and groups of a plain run stay as collected
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    if hasattr(config, "workerinput"):  # an xdist worker: the longest groups first (stable: a module keeps its order)
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
 
-    def group(item) -> str:
-        module = item.path.stem
-        return SHARED_GROUPS.get(module, module)
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: a module's own order is kept
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None  # another --dist: xdist's own scheduler
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+        def schedule(self) -> None:
+            self.config.option.loadscopereorder = False  # the workers' order above, not the groups' test counts
+            super().schedule()
+
+    return ModuleGroups(config, log)
