@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import pickle
 import warnings
@@ -14,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import DivergenceError
+from .schedule import build_lr_lambda
 
 log = logging.getLogger(__name__)
 
@@ -73,21 +73,6 @@ def resolve_precision(requested, accelerator: str) -> tuple[str, str]:
 
 
 # --------------------------------------------------------------------------------------------- the module
-def lr_lambda(warmup_steps: int, max_steps: int, lr: float, min_lr: float):
-    """Multiplier of `lr`: linear warm-up over warmup_steps, then cosine down to min_lr at max_steps."""
-    floor = min_lr / lr if lr > 0 else 0.0
-
-    def f(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        if step >= max_steps:
-            return floor
-        progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
-        return floor + 0.5 * (1.0 - floor) * (1.0 + math.cos(math.pi * progress))
-
-    return f
-
-
 def _destroy_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -171,9 +156,8 @@ class LitGPT(pl.LightningModule):
 
         o = self.optim
         opt = build_optimizer(self.model, o)
-        lr = float(o["lr"])
-        sched = torch.optim.lr_scheduler.LambdaLR(  # every group: its own lr times the same warm-up + cosine
-            opt, lr_lambda(int(o.get("warmup_steps", 0)), self.max_steps, lr, float(o.get("min_lr", 0.0))))
+        # every group: its own lr times the same multiplier (warm-up, then cosine or warm-up-stable-decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, build_lr_lambda(o, self.max_steps))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):

@@ -37,6 +37,7 @@ from .optim import run_params
 from .metrics import MetricsCallback, measure_peak_flops
 from .progress import LineProgress, line_every, wants_lines
 from .repro import cpu_model, derived_seed, environment_tags, seed_all
+from .schedule import build_lr_lambda
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -186,6 +187,7 @@ def check_config(cfg: DictConfig) -> StepShape:
         raise ConfigError(f"resume={cfg.get('resume')!r}: use resume=auto, resume=PATH_TO_CKPT, or leave it null")
     if cfg.get("compile") not in (True, False):
         raise ConfigError(f"compile={cfg.get('compile')!r} must be true or false")
+    build_lr_lambda(cfg.optim, ms)  # a bad optim.schedule/warmup_frac/decay_frac fails here, before any run exists
     devices = t.get("devices", 1)
     n_dev = devices if isinstance(devices, int) and devices > 0 else 1  # "auto", a list of ids: one per node
     return StepShape(bs, int(cfg.model.block_size), acc, n_dev * int(t.get("num_nodes", 1)))

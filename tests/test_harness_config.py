@@ -5,7 +5,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ablations.lit import lr_lambda, resolve_precision
+from ablations.lit import resolve_precision
 from ablations.run import check_group_overrides
 from ablations.tracking import config_params, hydra_info
 
@@ -41,13 +41,6 @@ def test_precision_auto(monkeypatch):
     monkeypatch.setattr(lit, "cpu_has_native_bf16", lambda: False)
     assert resolve_precision("auto", "cpu")[0] == "32-true"
     assert resolve_precision("16-mixed", "cpu") == ("16-mixed", "configured")
-
-
-def test_warmup_then_cosine_to_min_lr():
-    f = lr_lambda(warmup_steps=10, max_steps=110, lr=1e-3, min_lr=1e-4)
-    assert f(0) < f(5) < f(9) <= 1.0
-    assert f(10) == pytest.approx(1.0) and f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1)
-    assert all(f(s) >= f(s + 1) for s in range(10, 120))
 
 
 def test_run_name_variant_and_params_from_overrides():
