@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check rehearsed on this CPU, so that nothing is learned on the GPU's clock (run scripts/gpu/prepare.sh first):
-# 1. a fresh venv ($VENV) on Python 3.12 (the image's python3 is 3.12.3) with the image's versions of what the check
-#    uses: torch 2.11.0 (PyPI's Linux build, the CUDA 13 one as on the image: it runs on the CPU here), numpy 2.5.2,
-#    tiktoken 0.14.0, pyyaml, lightning 2.6.6; and not Hydra, OmegaConf or MLflow, which the image lacks too;
+# 1. a fresh venv ($VENV) on Python 3.12 (the image's python3 is 3.12.3; scripts/gpu/python312.sh picks one that
+#    runs) with the image's versions of what the check uses: torch 2.11.0 (PyPI's Linux build, the CUDA 13 one as
+#    on the image: it runs on the CPU here), numpy 2.5.2, tiktoken 0.14.0, pyyaml, lightning 2.6.6; and not Hydra,
+#    OmegaConf or MLflow, which the image lacks too;
 # 2. a copy of what the device tool sends (git's tracked and untracked-not-ignored files) plus the carried .gpu/,
 #    at a path with no ../shared beside it;
 # 3. scripts/gpu/device.sh there with DEVICE=cpu and the network off (unshare -n), pip with no config: the wheel
@@ -14,8 +15,7 @@ VENV=${VENV:-/tmp/gpu-rehearsal-venv}
 TREE=${TREE:-/tmp/gpu-rehearsal/tree}
 OUT=${OUT:-/tmp/gpu-rehearsal/out}
 if [[ ! -x $VENV/bin/python ]]; then
-  PY312=${PY312:-$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python3 2>/dev/null | tail -n 1 || true)}
-  [[ -n $PY312 && -x $PY312 ]] || { echo "rehearse.sh: no Python 3.12 here; set PY312" >&2; exit 1; }
+  PY312=$(bash scripts/gpu/python312.sh) || exit 1  # the first candidate that runs (a pyenv shim may not)
   "$PY312" -m venv "$VENV"
   "$VENV/bin/pip" install -q torch==2.11.0 numpy==2.5.2 tiktoken==0.14.0 pyyaml lightning==2.6.6
 fi
