@@ -142,6 +142,7 @@ def metric_prefix(mode: str, scaling: dict | None) -> str:
 # ------------------------------------------------------------------------------------------------ the command
 def load_model(run_id: str, uri: str, scaling: dict | None):
     """-> (model, tokenizer, the run's recorded config), with position.scaling applied when given."""
+    from modules.config import GPTConfig
     from modules.gpt import GPT
 
     from .errors import ConfigError
@@ -157,7 +158,7 @@ def load_model(run_id: str, uri: str, scaling: dict | None):
             raise ConfigError(f"position.scaling={scaling} needs a rope run; run {run_id} has "
                               f"position={mc['position']['name']}: drop position.scaling")
         mc["position"] = {**mc["position"], "scaling": scaling}
-        scaled = GPT(**mc)
+        scaled = GPT(GPTConfig.from_dict(mc))
         scaled.load_state_dict(model.state_dict())
         model = scaled.eval()
     return model, tok, cfg

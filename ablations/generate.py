@@ -67,6 +67,7 @@ def load_run(run_id: str, uri: str, tokenizer_name: str | None = None):
     """-> (model, tokenizer, checkpoint dict) of an MLflow run, refusing a tokenizer mismatch."""
     from mlflow.exceptions import MlflowException
 
+    from modules.config import GPTConfig
     from modules.gpt import GPT
 
     from .errors import CheckpointError, TokenizerError
@@ -97,7 +98,7 @@ def load_run(run_id: str, uri: str, tokenizer_name: str | None = None):
         raise TokenizerError(f"the {tok.name} tokenizer here (hash {tok.hash[:12]}) differs from the checkpoint's "
                              f"({str(ck.get('tokenizer_hash'))[:12]}): use the tokenizer files the run used")
     try:
-        model = GPT.from_config(ck["model_config"])
+        model = GPT(GPTConfig.from_dict(ck["model_config"]))
         model.load_state_dict(ck["state_dict"])
     except (RuntimeError, ValueError, TypeError) as e:  # shape/key mismatch, an invalid or unknown config field
         raise CheckpointError(f"run {run_id}: the checkpoint does not load into modules.gpt.GPT "

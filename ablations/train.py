@@ -225,13 +225,14 @@ def load_data(cfg: DictConfig, shape: StepShape) -> TokenData:
 
 
 def build_model(cfg: DictConfig) -> GPT:
-    """The GPT of `cfg.model` (Hydra's `_target_` keys are ignored), validated by modules.config, initialised
+    """The GPT of `cfg.model`, validated by modules.config, initialised
     from the seed alone (see ablations.repro); the optimizer config is checked against its parameter roles."""
+    from modules.config import GPTConfig
     from modules.gpt import GPT
 
     seed_all(int(cfg.seed))
     try:
-        model = GPT.from_config(OmegaConf.to_container(cfg.model, resolve=True))
+        model = GPT(GPTConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True)))
     except ValueError as e:  # ConfigError (a ValueError): names the field, its value and what would be valid
         raise ConfigError(f"model: {e}") from None
     run_params(model, cfg.optim)  # the optimizer config checked against the model's roles, before any run

@@ -37,7 +37,7 @@ def _counts(c: GPTConfig) -> _Counts:
     key = repr(c)
     if key not in _COUNTS:
         with torch.device("meta"):
-            model = GPT.from_config(c)
+            model = GPT(c)
         linear = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, nn.Linear))
         if len(_COUNTS) >= 1024:  # a sweep planner may ask about many configs; the figures are cheap to redo
             _COUNTS.clear()

@@ -38,15 +38,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, position="learned", norm="layernorm",
-                 mlp="gelu", attention="mha", dropout=0.0, bias=False, tie_weights=True, parametrization="sp",
-                 mup=None):
+    def __init__(self, config: GPTConfig):
         super().__init__()
-        cfg = GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head,
-                        n_embd=n_embd, position=position, norm=norm, mlp=mlp, attention=attention,
-                        dropout=dropout, bias=bias, tie_weights=tie_weights, parametrization=parametrization,
-                        mup=mup)
-        self.config = cfg
+        if not isinstance(config, GPTConfig):  # one way in; GPTConfig.from_dict(d) reads a dict
+            raise TypeError(f"GPT(config) takes a GPTConfig, got {type(config).__name__}: "
+                            "use GPT(GPTConfig.from_dict(d)) for a dict or a DictConfig")
+        self.config = cfg = config
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.position = build_position(cfg)  # holds the learned table (wpe) if any; shared by all layers
         self.drop = nn.Dropout(cfg.dropout)
@@ -63,11 +60,6 @@ class GPT(nn.Module):
         self.output_mult = output_mult(cfg)  # None under sp: the logits are the head's output, untouched
         self._init_mult = {id(r.param): r.init_mult for r in self.param_roles() if r.init_mult != 1.0}
         self.apply(self._init_weights)
-
-    @classmethod
-    def from_config(cls, cfg) -> "GPT":
-        cfg = GPTConfig.from_dict(cfg)
-        return cls(**{k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
 
     def _init_weights(self, module):
         # GPT-2 init: N(0, 0.02) everywhere; the projections that write into the residual stream are scaled by
@@ -92,7 +84,7 @@ class GPT(nn.Module):
         base = None
         if self.config.parametrization != "sp":  # the base model's shapes, without allocating its weights
             with torch.device("meta"):
-                base = GPT.from_config(base_config(self.config))
+                base = GPT(base_config(self.config))
         return param_roles(self, base)
 
     def num_params(self, non_embedding: bool = False) -> int:

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
+
+from modules.config import GPTConfig
+from modules.gpt import GPT
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "sp_reference.json"
@@ -75,7 +77,7 @@ def fingerprint(case, steps: int = 3) -> dict:
 
     cfg = composed(case)
     torch.manual_seed(0)
-    model = instantiate(cfg.model)
+    model = GPT(GPTConfig.from_dict(cfg.model))
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, 256, (2, 17), generator=g)
     out = {"init": state_sha(model)}

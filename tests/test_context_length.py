@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from modules import accounting
+from modules.config import GPTConfig
 from modules.gpt import GPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -20,7 +21,7 @@ def tiny(position, n_layer=2, seed=0, **kw):
     """A random model with its weights scaled 5x: at GPT-2 init attention is nearly uniform and the logits barely
     depend on which keys are visible, so a wrong band would rarely change a greedy token; scaled, most do."""
     torch.manual_seed(seed)
-    model = GPT(**{**TINY, "n_layer": n_layer, "position": position, **kw}).eval()
+    model = GPT(GPTConfig(**{**TINY, "n_layer": n_layer, "position": position, **kw})).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(5)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ablations import export as ex
+from modules.config import GPTConfig
 from modules.gpt import GPT
 
 TEXT = "ROMEO: O, she doth teach the torches to burn bright!\n\tNaïve café — 9€ 😀 \x00 end"
@@ -71,7 +72,7 @@ def test_gpt2_tokenizer_files_give_tiktoken_ids(tmp_path):
     (dict(position="rope", norm="rmsnorm", mlp="swiglu", attention="mla"), "attention.latent_norm=true (got false)"),
 ])
 def test_combinations_without_an_hf_architecture_are_refused_naming_the_setting(kw, named):
-    model = GPT(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16, **kw)
+    model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16, **kw))
     with pytest.raises(ex.ExportError, match="no Hugging Face architecture fits") as e:
         ex.architecture(model)
     assert named in str(e.value) and "\n" not in str(e.value)
@@ -163,7 +164,7 @@ def test_refused_run_exits_2_with_one_line(llama_run, tmp_path, capsys):
     c = MlflowClient(tracking_uri=uri)
     ck = load_final_checkpoint(c.download_artifacts(run_id, "checkpoints/final.ckpt", str(tmp_path)))
     cfg = dict(ck["model_config"], norm={"name": "rmsnorm", "placement": "post"})
-    ck.update(model_config=cfg, state_dict=GPT.from_config(cfg).state_dict())
+    ck.update(model_config=cfg, state_dict=GPT(GPTConfig.from_dict(cfg)).state_dict())
     path = tmp_path / "post" / "final.ckpt"
     path.parent.mkdir()
     torch.save(ck, path)

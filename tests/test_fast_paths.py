@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from modules.attention.base import sdpa
 from modules.attention.sliding import blocked_sliding_attention
+from modules.config import GPTConfig
 from modules.gpt import GPT
 from modules.norms.rmsnorm import rms_norm
 
@@ -101,7 +102,7 @@ def test_grouped_sdpa_matches_repeated_heads(nkv, T, kind):
 
 def test_gqa_never_repeats_kv():
     """The point of GQA: no (B, nh, S, hs) copy of K or V, in decoding or training."""
-    model = GPT(**TINY, attention={"name": "gqa", "n_kv_head": 2}).eval()
+    model = GPT(GPTConfig(**TINY, attention={"name": "gqa", "n_kv_head": 2})).eval()
     with torch.no_grad(), torch.profiler.profile() as prof:
         cache = model.new_cache(1)
         model(torch.randint(0, 64, (1, 8), generator=gen(0)), cache=cache)
@@ -133,7 +134,8 @@ def test_blocked_sliding_matches_banded_sdpa(T, W, nkv):
 
 def sliding(W=4, **kw):
     torch.manual_seed(0)
-    return GPT(**{**TINY, "attention": {"name": "sliding", "window": W, **kw}, "position": "rope"}).eval()
+    attention = {"name": "sliding", "window": W, **kw}
+    return GPT(GPTConfig(**{**TINY, "attention": attention, "position": "rope"})).eval()
 
 
 def test_sliding_model_takes_the_blocked_path_and_matches_the_mask_path():
@@ -161,7 +163,7 @@ def test_sliding_fast_path_falls_back_for_padding_and_other_windows():
     assert model._attn_mask(pos, valid, None, padded=True, consecutive=True) is not None
     full = valid | True
     assert model._attn_mask(pos, full, None, padded=False, window=6, consecutive=True) is not None
-    alibi = GPT(**TINY, attention={"name": "sliding", "window": 4}, position="alibi").eval()
+    alibi = GPT(GPTConfig(**TINY, attention={"name": "sliding", "window": 4}, position="alibi")).eval()
     assert alibi._attn_mask(pos, full, None, padded=False, consecutive=True) is not None
     # a left-padded row computes what the row computes alone (the mask path, position-distance window)
     idx = torch.randint(0, 64, (2, 10), generator=gen(1))
@@ -201,7 +203,7 @@ def decode_both_ways(model, prompt, mask, steps=3):
 ])
 def test_mla_absorbed_decode_matches_expanded(kw):
     torch.manual_seed(0)
-    model = GPT(**{**TINY, "attention": "mla", **kw}).eval()
+    model = GPT(GPTConfig(**{**TINY, "attention": "mla", **kw})).eval()
     with torch.no_grad():  # the GPT initialises biases to 0; the absorbed form must handle any
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
@@ -215,8 +217,8 @@ def test_mla_absorbed_decode_matches_expanded(kw):
 
 def test_mla_absorbs_only_where_it_is_exact():
     torch.manual_seed(0)
-    plain = GPT(**TINY, attention="mla").eval()
-    qk = GPT(**TINY, attention="mla", norm={"name": "layernorm", "qk_norm": True}).eval()
+    plain = GPT(GPTConfig(**TINY, attention="mla")).eval()
+    qk = GPT(GPTConfig(**TINY, attention="mla", norm={"name": "layernorm", "qk_norm": True})).eval()
     cache = plain.new_cache(1)
     assert plain.blocks[0].attn.absorbs(1, cache)
     assert not plain.blocks[0].attn.absorbs(5, cache)  # prefill/training: expanded

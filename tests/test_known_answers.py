@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from modules.config import GPTConfig
 from modules.gpt import GPT
 from modules.positions import apply_rotary
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def gpt(**kw):
     torch.manual_seed(0)
-    return GPT(**{**dict(vocab_size=32, block_size=64, n_layer=1, n_head=4, n_embd=16), **kw}).eval()
+    return GPT(GPTConfig(**{**dict(vocab_size=32, block_size=64, n_layer=1, n_head=4, n_embd=16), **kw})).eval()
 
 
 # ------------------------------------------------------------------------------------------------ sinusoidal

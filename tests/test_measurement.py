@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from modules import accounting
+from modules.config import GPTConfig
 from modules.gpt import GPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -167,7 +168,7 @@ def counted_flops_per_token(model, B=2):
 @pytest.mark.parametrize("name", list(FLOP_VARIANTS))
 def test_flops_per_token_equals_flop_counter_mode(name):
     torch.manual_seed(0)
-    model = GPT(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, **FLOP_VARIANTS[name])
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, **FLOP_VARIANTS[name]))
     assert counted_flops_per_token(model) == accounting.flops_per_token(model.config)
 
 
@@ -177,8 +178,8 @@ def test_sliding_window_flops_charge_the_window_not_the_dense_kernel():
     masked SDPA would: the counted difference is exactly the attention term for those extra keys, O(T * W)."""
     torch.manual_seed(0)
     L, nh, hs, T, W = 2, 4, 8, 32, 8
-    model = GPT(vocab_size=64, block_size=T, n_layer=L, n_head=nh, n_embd=nh * hs,
-                attention={"name": "sliding", "window": W})
+    model = GPT(GPTConfig(vocab_size=64, block_size=T, n_layer=L, n_head=nh, n_embd=nh * hs,
+                          attention={"name": "sliding", "window": W}))
     keys_per_query = (W * W + (T // W - 1) * W * 2 * W) / T  # 14 here: 8 in the first block, 16 after
     extra = 6 * L * nh * 2 * hs * (keys_per_query - W)
     assert counted_flops_per_token(model) - accounting.flops_per_token(model.config) == extra

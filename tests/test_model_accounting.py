@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 
 from modules import accounting
-from modules.config import build_config
+from modules.config import GPTConfig, build_config
+from modules.gpt import GPT
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -42,7 +42,7 @@ def test_gpt2_124m_has_exactly_gpt2_small_parameter_count():
     assert counts["params"] == 124_439_808
     assert counts["params_non_embedding"] == 124_439_808 - 38_597_376 - 786_432
     with torch.device("meta"):
-        model = instantiate(cfg.model)
+        model = GPT(GPTConfig.from_dict(cfg.model))
     assert sum(p.numel() for p in model.parameters()) == 124_439_808
     assert model.num_params(non_embedding=True) == counts["params_non_embedding"]
 
@@ -53,7 +53,7 @@ def test_gpt2_124m_has_exactly_gpt2_small_parameter_count():
 def test_presets_analytic_params_equal_meta_model(preset, family):
     cfg = _compose(f"model={preset}", *family)
     with torch.device("meta"):
-        model = instantiate(cfg.model)
+        model = GPT(GPTConfig.from_dict(cfg.model))
     assert accounting.param_counts(cfg.model)["params"] == sum(p.numel() for p in model.parameters())
 
 

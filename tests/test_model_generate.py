@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from modules.config import GPTConfig
 from modules.gpt import GPT
 
 TINY = dict(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32)
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def tiny(seed=0, **kw):
     torch.manual_seed(seed)
-    return GPT(**{**TINY, **kw}).eval()
+    return GPT(GPTConfig(**{**TINY, **kw})).eval()
 
 
 def ids(*shape, seed=0):
@@ -122,14 +123,14 @@ def test_generate_restores_training_mode_and_uses_no_dropout():
 
 def test_gpt2_init_scales_residual_projections():
     torch.manual_seed(0)
-    model = GPT(vocab_size=64, block_size=16, n_layer=8, n_head=4, n_embd=128)
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=8, n_head=4, n_embd=128))
     assert model.lm_head.weight is model.wte.weight
     resid = 0.02 / math.sqrt(2 * 8)
     for block in model.blocks:
         assert abs(block.attn.c_proj.weight.std().item() - resid) < 0.1 * resid
         assert abs(block.mlp.c_proj.weight.std().item() - resid) < 0.1 * resid
         assert abs(block.mlp.c_fc.weight.std().item() - 0.02) < 0.002
-    untied = GPT(**{**TINY, "tie_weights": False})
+    untied = GPT(GPTConfig(**{**TINY, "tie_weights": False}))
     assert untied.lm_head.weight is not untied.wte.weight
 
 

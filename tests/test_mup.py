@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from ablations.optim import build_optimizer
 from modules.config import GPTConfig
 from modules.errors import ConfigError
+from modules.config import GPTConfig
 from modules.gpt import GPT
 from modules.registry import names
 from sp_reference import CASES, FIXTURE, case_id, close, composed, fingerprint
@@ -29,7 +29,7 @@ MUP = ["model.parametrization=mup", "model.mup.base_width=16"]  # tiny: n_embd 3
 
 def build(case, seed=0):
     torch.manual_seed(seed)
-    return instantiate(composed(case).model)
+    return GPT(GPTConfig.from_dict(composed(case).model))
 
 
 def sharpen(model, factor=10.0):
@@ -137,7 +137,7 @@ def test_multipliers_known_answers():
     }
     for width, want in expected.items():
         torch.manual_seed(0)
-        m = GPT(256, 32, 2, 4, width, parametrization="mup", mup={"base_width": 32})
+        m = GPT(GPTConfig(256, 32, 2, 4, width, parametrization="mup", mup={"base_width": 32}))
         roles = {r.name: r for r in m.param_roles()}
         for name in ("blocks.0.attn.c_attn.weight", "blocks.1.mlp.c_fc.weight", "blocks.0.mlp.c_proj.weight"):
             assert roles[name].adam_lr_mult == pytest.approx(want["adam_hidden"], rel=1e-12)
@@ -150,7 +150,7 @@ def test_multipliers_known_answers():
         assert m.blocks[0].mlp.c_fc.weight.std().item() == pytest.approx(want["std_fc"], rel=0.04)
         assert m.blocks[0].mlp.c_proj.weight.std().item() == pytest.approx(want["std_proj"], rel=0.04)
         assert m.wte.weight.std().item() == pytest.approx(0.02, rel=0.04)  # embeddings keep sp's init
-    sp = GPT(256, 32, 2, 4, 64)
+    sp = GPT(GPTConfig(256, 32, 2, 4, 64))
     assert sp.output_mult is None and sp.blocks[0].attn.scale is None  # sp: SDPA's own 1/sqrt(hs), no multiplier
 
 
@@ -158,7 +158,7 @@ def test_mla_fused_blocks_and_their_muon_factors():
     """MLA's c_kv_down fuses the latent (n_embd/2 rows) and the shared rotary key (hs/2 rows), c_kv_up the
     per-head keys and values; each block's shape gives its own Muon factor (here all 1/sqrt(2): every dimension
     doubles with the width)."""
-    m = GPT(256, 32, 2, 4, 64, attention="mla", parametrization="mup", mup={"base_width": 32})
+    m = GPT(GPTConfig(256, 32, 2, 4, 64, attention="mla", parametrization="mup", mup={"base_width": 32}))
     roles = {r.name: r for r in m.param_roles()}
     assert roles["blocks.0.attn.c_kv_down.weight"].blocks == ((32, 64), (8, 64))
     assert roles["blocks.0.attn.c_kv_down.weight"].base_blocks == ((16, 32), (4, 32))
@@ -168,8 +168,8 @@ def test_mla_fused_blocks_and_their_muon_factors():
     assert m.blocks[0].attn.scale == pytest.approx(math.sqrt(12) / 24, rel=1e-12)
     # a fixed latent width does not grow with the model: its block's factor is then sqrt(r_out/r_in)/sqrt(M) =
     # sqrt(1/2) / sqrt(64/32) = 0.5, the rotary block's still 1/sqrt(2)
-    fixed = GPT(256, 32, 2, 4, 64, attention={"name": "mla", "kv_latent_dim": 16}, parametrization="mup",
-                mup={"base_width": 32})
+    fixed = GPT(GPTConfig(256, 32, 2, 4, 64, attention={"name": "mla", "kv_latent_dim": 16},
+                          parametrization="mup", mup={"base_width": 32}))
     r = {r.name: r for r in fixed.param_roles()}["blocks.0.attn.c_kv_down.weight"]
     assert r.muon_lr_mults == pytest.approx((0.5, 1 / math.sqrt(2)))
 
@@ -211,7 +211,7 @@ def _activations(model, x) -> dict[str, float]:
 def _coord_run(width, parametrization, optim, seed, data, steps):
     """The activations at init (keys @0) and after `steps` steps at lr 1e-2, on a held-out batch."""
     torch.manual_seed(seed)
-    model = GPT(256, 32, 2, 4, width, parametrization=parametrization, mup={"base_width": 32})
+    model = GPT(GPTConfig(256, 32, 2, 4, width, parametrization=parametrization, mup={"base_width": 32}))
     opt = build_optimizer(model, {"name": optim, "lr": 1e-2, "weight_decay": 0.0})
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(data) - 33, (steps + 1, 8), generator=g)

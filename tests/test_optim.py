@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from torch import nn
 
 from ablations.errors import ConfigError
 from ablations.optim import BlockMuon, MuonWithAdamW, build_optimizer, run_params
+from modules.config import GPTConfig
 from modules.gpt import GPT
 from modules.parametrization import param_roles
 from modules.registry import names
@@ -32,7 +32,7 @@ def composed(overrides):
 
 def build(overrides, seed=0):
     torch.manual_seed(seed)
-    return instantiate(composed(overrides).model)
+    return GPT(GPTConfig.from_dict(composed(overrides).model))
 
 
 def muon_cfg(**kw):
@@ -216,7 +216,7 @@ class Embeddings(nn.Module):
 ])
 def test_bad_optimizer_config_is_one_line(model, o, match):
     with pytest.raises(ConfigError, match=match) as e:
-        build_optimizer(model or GPT(256, 32, 1, 2, 16), o)
+        build_optimizer(model or GPT(GPTConfig(256, 32, 1, 2, 16)), o)
     assert "\n" not in str(e.value)
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ablations.export import to_hf
+from modules.config import GPTConfig
 from modules.gpt import GPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,7 +69,7 @@ def randomize_(model, seed=0):
 
 def ours(seed=0, **kw):
     torch.manual_seed(seed)
-    return randomize_(GPT(**{**BASE, **kw}).eval(), seed)
+    return randomize_(GPT(GPTConfig(**{**BASE, **kw})).eval(), seed)
 
 
 def ids(B, T, seed=1):

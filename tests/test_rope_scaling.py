@@ -8,6 +8,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from modules.errors import ConfigError
+from modules.config import GPTConfig
 from modules.gpt import GPT
 from modules.positions.rope import rope_inv_freq
 
@@ -51,8 +52,9 @@ def test_linear_is_position_interpolation():
     torch.testing.assert_close(inv_freq, ref, rtol=1e-6, atol=0)
     assert ref_factor == factor
     # in the model: the angles at position m equal the unscaled angles at m / 4
-    model = GPT(64, 32, 1, 4, 4 * D, position={"name": "rope", "scaling": {"name": "linear", "factor": 4}})
-    plain = GPT(64, 32, 1, 4, 4 * D, position="rope")
+    linear4 = {"name": "rope", "scaling": {"name": "linear", "factor": 4}}
+    model = GPT(GPTConfig(64, 32, 1, 4, 4 * D, position=linear4))
+    plain = GPT(GPTConfig(64, 32, 1, 4, 4 * D, position="rope"))
     cos, sin = model.position.rotary(torch.tensor([[8, 20, 100]]))
     angles = torch.tensor([[2.0, 5.0, 25.0]])[:, None, :, None] * plain.position.inv_freq
     torch.testing.assert_close(cos, angles.cos())
@@ -103,20 +105,20 @@ def test_yarn_matches_transformers_across_settings(s, L, beta_fast, beta_slow):
 def test_yarn_temperature_scales_the_attention_logits():
     """cos and sin carry the factor t' = 0.1 ln s + 1, so a rotated q.k is multiplied by t'^2."""
     scaling = {"name": "yarn", "factor": 4, "original_max": 32}
-    model = GPT(64, 32, 1, 4, 4 * D, position={"name": "rope", "scaling": scaling})
+    model = GPT(GPTConfig(64, 32, 1, 4, 4 * D, position={"name": "rope", "scaling": scaling}))
     cos, sin = model.position.rotary(torch.arange(40)[None])
     torch.testing.assert_close(cos**2 + sin**2, torch.full_like(cos, (0.1 * math.log(4) + 1) ** 2))
 
 
 def test_scaling_loads_an_unscaled_checkpoint():
     """Scaling is chosen at evaluation time: the frequencies are not weights, so a trained state dict loads."""
-    plain = GPT(64, 32, 2, 4, 64, position="rope")
-    scaled = GPT(64, 32, 2, 4, 64, position={"name": "rope", "scaling": {"name": "ntk", "factor": 2}})
+    plain = GPT(GPTConfig(64, 32, 2, 4, 64, position="rope"))
+    scaled = GPT(GPTConfig(64, 32, 2, 4, 64, position={"name": "rope", "scaling": {"name": "ntk", "factor": 2}}))
     scaled.load_state_dict(plain.state_dict())  # strict
     idx = torch.randint(0, 64, (1, 48))
     with torch.no_grad():
         assert not torch.allclose(scaled(idx), plain(idx))
-    one = GPT(64, 32, 2, 4, 64, position={"name": "rope", "scaling": {"name": "linear", "factor": 1}})
+    one = GPT(GPTConfig(64, 32, 2, 4, 64, position={"name": "rope", "scaling": {"name": "linear", "factor": 1}}))
     one.load_state_dict(plain.state_dict())
     with torch.no_grad():  # factor 1 is the identity
         torch.testing.assert_close(one(idx), plain(idx))
@@ -132,5 +134,5 @@ def test_scaling_loads_an_unscaled_checkpoint():
 ])
 def test_bad_scaling_is_one_line(scaling, match):
     with pytest.raises(ConfigError, match=match) as e:
-        GPT(64, 32, 1, 4, 64, position={"name": "rope", "scaling": scaling})
+        GPT(GPTConfig(64, 32, 1, 4, 64, position={"name": "rope", "scaling": scaling}))
     assert "\n" not in str(e.value)

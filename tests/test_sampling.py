@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from modules.config import GPTConfig
 from modules.gpt import GPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,7 +22,8 @@ V = len(PROBS)
 
 
 def fixed_logits_model(logits):
-    model = GPT(vocab_size=V, block_size=8, n_layer=1, n_head=1, n_embd=8, bias=True, tie_weights=False).eval()
+    model = GPT(GPTConfig(vocab_size=V, block_size=8, n_layer=1, n_head=1, n_embd=8, bias=True,
+                          tie_weights=False)).eval()
     with torch.no_grad():
         model.ln_f.weight.zero_()
         model.ln_f.bias.zero_()
@@ -88,8 +90,8 @@ def test_kept_sets_agree_with_transformers_warpers(top_k, top_p):
 # ---------------------------------------------------------------------------------------------------- eos
 def random_model(seed=1):
     torch.manual_seed(seed)
-    model = GPT(vocab_size=16, block_size=64, n_layer=2, n_head=2, n_embd=32, position="rope",
-                tie_weights=False).eval()
+    model = GPT(GPTConfig(vocab_size=16, block_size=64, n_layer=2, n_head=2, n_embd=32, position="rope",
+                          tie_weights=False)).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # O(1) untied weights: greedy decoding wanders over many tokens instead of echoing one
         for name, p in model.named_parameters():

@@ -110,9 +110,10 @@ def sections() -> dict[str, type[Section]]:
 
 
 def build_model(model_cfg: dict, device: str = "cpu"):
+    from modules.config import GPTConfig
     from modules.gpt import GPT
 
-    return GPT.from_config(model_cfg).to(device)
+    return GPT(GPTConfig.from_dict(model_cfg)).to(device)
 
 
 def model_dict(cfg: DictConfig) -> dict:
