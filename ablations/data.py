@@ -21,23 +21,13 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, DataError
-from .prepare import check_val_fraction, choose_rule, prepare, split_parts
+from .prepare import prepare
 from .shards import HEADER_BYTES, SPLITS, Segment, TokenStream, read_header
 from .sources import default_cache_dir  # noqa: F401 - re-exported: the cache location is part of the data API
+from .splits import split_docs  # noqa: F401 - re-exported: the split prepare makes, for lists of documents
 from .tokenizers import Tokenizer
 
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def split_docs(docs, val_fraction: float) -> tuple[list[str], list[str]]:
-    """The train/val split of a list of (name, text) documents (the rule of ``ablations.prepare``, for small lists)."""
-    vf = check_val_fraction(val_fraction)
-    rule = choose_rule([n for n, _ in docs], len(docs), vf)
-    out = {"train": [], "val": []}
-    for name, text in docs:
-        for split, part in split_parts(name, text, rule, vf):
-            out[split].append(part)
-    return out["train"], out["val"]
 
 
 # ------------------------------------------------------------------------------------------- token data

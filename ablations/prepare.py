@@ -7,20 +7,25 @@ documents joined by the tokenizer's separator, cut into shards of exactly ``data
 shorter), each written atomically (``ablations.shards``), then ``manifest.json``.
 
 Resume: every shard's header records where its split's next shard starts (document index, offset into that
-document's tokens, and the counts so far). A re-run verifies the shards on disk, keeps the complete ones and
-restarts the corpus at the earliest unfinished point; what it writes is byte-identical to an uninterrupted run.
+document's tokens, and the counts so far). A re-run verifies the shards on disk and keeps the complete ones; each
+document's split is decided before it is tokenized (``ablations.splits``), so the re-run reads the corpus from the
+earliest unfinished point but tokenizes only what a split has not written yet: a kill loses at most the shard each
+split was writing. What it writes is byte-identical to an uninterrupted run.
 
-The train/val split (``split_parts``): a document goes to val when the sha256 of its name (the relative path for file
-corpora, ``data.id_column`` when set, else its index in the corpus) falls below ``val_fraction``; a corpus of fewer
-than 20 documents, or one whose documents all land on one side, cuts each document at a line break near
-``1 - val_fraction`` of its length instead. Both rules read only the text, not the tokenizer, so bits per byte
-compare across tokenizers.
+One writer per shards folder: a prepare holds an exclusive lock on ``<folder>/.prepare.lock`` (``fcntl.flock``, let
+go when the process ends, even by kill -9). A second prepare of the same folder (the parallel trials of a sweep on
+a new corpus all prepare on first use) waits for it, then finds the manifest. A starting writer removes the
+temporary files of dead writers only (their names carry the writer's pid).
+
+The manifest records everything that changes the shards' bytes (corpus fingerprint, tokenizer and dtype, shard
+size, split rule and val fraction, text and id columns); opening a folder made under other settings is one line.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import sys
@@ -32,57 +37,23 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError, DataError, TokenizerError
-from .shards import (FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter, dtype_for, read_header, read_manifest,
-                     shard_name, verify_shard, write_manifest)
-from .sources import Source, atomic_write_bytes, default_cache_dir, open_source
+from .shards import (FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter, dtype_for, read_manifest, shard_name,
+                     verify_shard, write_manifest)
+from .sources import Source, atomic_write_bytes, default_cache_dir, open_source, remove_dead_writers_temps
+from .splits import RULES_VERSION, check_val_fraction, choose_rule, split_parts
 from .tokenizers import CharTokenizer, Tokenizer, build_tokenizer, tokenizer_from_identity
 
-MIN_DOCS_FOR_DOC_SPLIT = 20
-CHECK_SIDES_MAX_DOCS = 100_000     # up to this many named documents, both sides of the split are checked up front
 SMALL_CORPUS_BYTES = 4 << 20       # below this, one process: starting workers costs more than they save
 BATCH_BYTES, BATCH_DOCS = 1 << 20, 1024  # one task for a worker
-PLAN = "plan.json"
-
-
-# -------------------------------------------------------------------------------------------- the split
-def check_val_fraction(val_fraction) -> float:
-    vf = float(val_fraction)
-    if not 0.0 < vf < 1.0:
-        raise ConfigError(f"data.val_fraction={val_fraction} must be in (0, 1), e.g. 0.1")
-    return vf
-
-
-def is_val(key: str, val_fraction: float) -> bool:
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") < int(val_fraction * 2**32)
-
-
-def split_parts(key: str, text: str, rule: str, val_fraction: float) -> list[tuple[str, str]]:
-    """[(split, text)] of one document: itself under the document rule, else its two halves (empty parts dropped)."""
-    if rule == "document":
-        return [("val" if is_val(key, val_fraction) else "train", text)]
-    i = int(len(text) * (1.0 - val_fraction))  # cut at the line break after (1 - val_fraction) of the text
-    j = text.find("\n", i)
-    i = j + 1 if 0 <= j < len(text) - 1 else i
-    return [(s, t) for s, t in (("train", text[:i]), ("val", text[i:])) if t]
-
-
-def choose_rule(keys: list[str] | None, n_docs: int | None, val_fraction: float) -> str:
-    """"cut" for fewer than 20 documents, or when (checked for up to 100k known names) one side would be empty."""
-    if n_docs is not None and n_docs < MIN_DOCS_FOR_DOC_SPLIT:
-        return "cut"
-    if keys is not None and len(keys) <= CHECK_SIDES_MAX_DOCS:
-        n_val = sum(is_val(k, val_fraction) for k in keys)
-        if n_val in (0, len(keys)):
-            return "cut"
-    return "document"
+PLAN, LOCK = "plan.json", ".prepare.lock"
 
 
 # ------------------------------------------------------------------------------------------ the workers
-_W: dict = {}  # per-process state: tokenizer (None while scanning for the char vocabulary), rule, val_fraction
+_W: dict = {}  # per-process state: the tokenizer (None while scanning for the char vocabulary) and the dtype
 
 
-def _init_worker(identity, rule, val_fraction, dtype, parent: int | None = None) -> None:
-    _W.update(tok=tokenizer_from_identity(identity) if identity else None, rule=rule, vf=val_fraction, dtype=dtype)
+def _init_worker(identity, dtype, parent: int | None = None) -> None:
+    _W.update(tok=tokenizer_from_identity(identity) if identity else None, dtype=dtype)
     if parent:  # a worker whose parent was killed (kill -9) exits instead of waiting on its queue forever
         threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
 
@@ -94,23 +65,20 @@ def _exit_when_orphaned(parent: int) -> None:
 
 
 def _encode(batch):
-    """[(index, key, text)] -> [(index, [(split, tokens, utf-8 bytes)] or None for an empty document)]."""
-    tok, dtype, out = _W["tok"], _W["dtype"], []
-    for index, key, text in batch:
-        parts = [(s, tok.encode_np(t).astype(dtype), len(t.encode("utf-8")))
-                 for s, t in split_parts(key, text, _W["rule"], _W["vf"])] if text else None
-        out.append((index, parts))
-    return out
+    """[(index, [(split, text)] or None)] -> [(index, [(split, tokens, utf-8 bytes)] or None for an empty document)]."""
+    tok, dtype = _W["tok"], _W["dtype"]
+    return [(index, None if parts is None else [(s, tok.encode_np(t).astype(dtype), len(t.encode("utf-8")))
+                                                 for s, t in parts]) for index, parts in batch]
 
 
 def _scan(batch):
     """The char tokenizer's vocabulary pass: -> (code points seen, non-empty parts per split)."""
-    seen, parts = set(), {"train": 0, "val": 0}
-    for _, key, text in batch:
-        for s, t in split_parts(key, text, _W["rule"], _W["vf"]):
+    seen, count = set(), {"train": 0, "val": 0}
+    for _, parts in batch:
+        for s, t in parts or ():
             seen.update(np.unique(np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32)).tolist())
-            parts[s] += 1
-    return seen, parts
+            count[s] += 1
+    return seen, count
 
 
 class _Workers:
@@ -180,6 +148,15 @@ def doc_batches(ds, src: Source, start: int = 0):
         yield batch
 
 
+def split_batches(batches, rule: str, vf: float, todo: dict[str, int]):
+    """Each document cut into its splits' parts before tokenizing: [(index, key, text)] batches -> [(index,
+    [(split, text)] or None for an empty document)] batches, without the parts whose split has them in shards on disk
+    already (`todo`: split -> its first document not written), so a resumed prepare does not tokenize them again."""
+    for batch in batches:
+        yield [(index, [(s, t) for s, t in split_parts(key, text, rule, vf) if index >= todo[s]] if text else None)
+               for index, key, text in batch]
+
+
 # -------------------------------------------------------------------------------------- writing shards
 class SplitWriter:
     """One split's token stream, cut into shards of `size` tokens, each written as its tokens arrive (memory: one
@@ -199,8 +176,7 @@ class SplitWriter:
         self.last = (self.next_doc - 1, self.resume_empty)  # (last document added, empty documents before it)
 
     def add(self, index: int, toks: np.ndarray, nbytes: int, empty_before: int) -> None:
-        if index < self.next_doc:
-            return  # already in a shard on disk
+        """Append document `index` (from `next_doc` on: what `split_batches` leaves for this split)."""
         resumed = index == self.next_doc and self.next_off > 0  # this document began in the previous shard
         sep = self.sep is not None and self.docs - resumed > 0
         part = np.concatenate((np.array([self.sep], dtype=self.dtype), toks)) if sep else toks
@@ -295,30 +271,68 @@ class Progress:
 
 
 # ------------------------------------------------------------------------------------------------ prepare
+def check_shard_tokens(data_cfg) -> int:
+    size = data_cfg.get("shard_tokens") or 10**8
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"data.shard_tokens={size} must be a positive integer, e.g. 100000000")
+    return size
+
+
 def shards_folder(data_cfg, src: Source, tokenizer_name: str) -> Path:
     if data_cfg.get("shards_dir"):
         return Path(str(data_cfg.shards_dir)).expanduser()
     key = json.dumps([src.fingerprint, tokenizer_name, float(data_cfg.get("val_fraction", 0.1)),
-                      int(data_cfg.get("shard_tokens") or 10**8), FORMAT_VERSION])
+                      check_shard_tokens(data_cfg), FORMAT_VERSION])
     name = f"{data_cfg.get('name')}-{tokenizer_name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
     return default_cache_dir(data_cfg.get("cache_dir")) / "tokens" / name
 
 
-def check_manifest(m: dict, folder: Path, src: Source, tokenizer_name: str, tok: Tokenizer | None) -> Tokenizer:
-    """The manifest is this corpus's and this tokenizer's -> the tokenizer it was prepared with."""
+@contextlib.contextmanager
+def folder_lock(folder: Path):
+    """The shards folder to this process alone for the with-block; another prepare of it waits (one line says so)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK, "a") as f:  # the lock goes with the file's last descriptor: with the process at worst
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"prepare: waiting for another prepare writing {folder}")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+# Where the manifest records each setting that changes the shards' bytes, besides the corpus and the tokenizer.
+SETTINGS = {"data.shard_tokens": ("shard_tokens",), "data.val_fraction": ("corpus", "val_fraction"),
+            "data.text_column": ("corpus", "text_column"), "data.id_column": ("corpus", "id_column"),
+            "split rules version": ("corpus", "split_rules")}
+
+
+def check_manifest(m: dict, folder: Path, src: Source, settings: dict, tokenizer_name: str,
+                   tok: Tokenizer | None) -> Tokenizer:
+    """The manifest is this corpus's, made with these `settings` (SETTINGS' names -> values) and this tokenizer ->
+    the tokenizer it was prepared with. A setting the manifest does not record (made before it was) is not checked."""
     if m["corpus"]["fingerprint"] != src.fingerprint:
         raise DataError(f"data.shards_dir={folder} holds another corpus (fingerprint {m['corpus']['fingerprint'][:12]}"
                         f", {src.label} is {src.fingerprint[:12]}): point data.shards_dir at another folder")
+    fix = f"point data.shards_dir at a new folder, or delete {folder} and re-run prepare"
+    for name, path in SETTINGS.items():
+        node = m
+        for key in path[:-1]:
+            node = node[key]
+        if path[-1] in node and node[path[-1]] != settings[name]:
+            raise DataError(f"{folder} was prepared with {name}={node[path[-1]]}, not {name}={settings[name]}: {fix}")
     ident = m["tokenizer"]
     if ident.get("name") != tokenizer_name:
         raise TokenizerError(f"{folder} was prepared with tokenizer={ident.get('name')}, not tokenizer="
                              f"{tokenizer_name}: pass tokenizer={ident.get('name')} or another data.shards_dir")
     if tok is None:  # char: the vocabulary is the corpus's, recorded in the manifest
-        return tokenizer_from_identity(ident)
-    if tok.identity() != ident:
+        tok = tokenizer_from_identity(ident)
+    elif tok.identity() != ident:
         raise TokenizerError(f"{folder} was prepared with a {tokenizer_name} tokenizer of hash "
                              f"{m.get('tokenizer_hash', '?')[:12]}, this one has hash {tok.hash[:12]}: use the "
                              f"tokenizer files it was prepared with, or delete {folder} and re-run prepare")
+    if m["dtype"] != dtype_for(tok.vocab_size):
+        raise DataError(f"{folder} holds {m['dtype']} tokens, but the {tok.vocab_size:,} ids of tokenizer={tok.name} "
+                        f"need {dtype_for(tok.vocab_size)}: {fix}")
     return tok
 
 
@@ -348,8 +362,8 @@ def resolve_num_proc(data_cfg, src: Source) -> int:
 
 def _char_tokenizer(ds, src, rule, vf, num_proc) -> CharTokenizer:
     seen, parts = set(), {"train": 0, "val": 0}
-    with _Workers(num_proc, (None, rule, vf, "uint32")) as w:
-        for s, p in w.map(_scan, doc_batches(ds, src)):
+    with _Workers(num_proc, (None, "uint32")) as w:
+        for s, p in w.map(_scan, split_batches(doc_batches(ds, src), rule, vf, {"train": 0, "val": 0})):
             seen |= s
             parts = {k: parts[k] + p[k] for k in parts}
     if parts["train"] > 1 or parts["val"] > 1:
@@ -360,7 +374,8 @@ def _char_tokenizer(ds, src, rule, vf, num_proc) -> CharTokenizer:
 
 
 def _start_plan(folder: Path, plan: dict) -> None:
-    """Record what decides the shard bytes; shards made under another plan are removed first."""
+    """Record what decides the shard bytes; shards made under another plan are removed first, and the temporary
+    files of writers killed before."""
     p = folder / PLAN
     try:
         old = json.loads(p.read_text()) if p.is_file() else None
@@ -370,18 +385,19 @@ def _start_plan(folder: Path, plan: dict) -> None:
         for f in [*folder.glob("train-*.bin"), *folder.glob("val-*.bin"), folder / MANIFEST]:
             f.unlink(missing_ok=True)
         atomic_write_bytes(p, json.dumps(plan, sort_keys=True).encode())
-    for tmp in folder.glob(".*.tmp"):  # left by a killed writer: never a shard
-        tmp.unlink(missing_ok=True)
+    remove_dead_writers_temps(folder)
 
 
 def _tokenize(ds, src: Source, writers: dict, tok: Tokenizer, plan: dict, num_proc: int, n_docs) -> tuple[int, int]:
-    """The main pass -> (documents in the corpus, empty documents)."""
+    """The main pass, from the first document a split still needs -> (documents in the corpus, empty documents)."""
     w0 = min(writers.values(), key=lambda w: w.next_doc)
     start, empty, total = w0.next_doc, w0.resume_empty, w0.next_doc
+    todo = {s: w.next_doc for s, w in writers.items()}
     progress = Progress(n_docs, start)
     try:
-        with _Workers(num_proc, (tok.identity(), plan["rule"], plan["val_fraction"], plan["dtype"])) as workers:
-            for results in workers.map(_encode, doc_batches(ds, src, start)):
+        with _Workers(num_proc, (tok.identity(), plan["dtype"])) as workers:
+            batches = split_batches(doc_batches(ds, src, start), plan["rule"], plan["val_fraction"], todo)
+            for results in workers.map(_encode, batches):
                 nbytes = 0
                 for index, parts in results:
                     if parts is None:
@@ -420,17 +436,30 @@ def prepare(data_cfg, tokenizer_name: str, verify: bool = True) -> tuple[Path, d
     `verify`: check every shard's sha256 (a bad one is rewritten); without it only headers and sizes are checked,
     when the shards are opened."""
     src = open_source(data_cfg)
+    settings = {"data.shard_tokens": check_shard_tokens(data_cfg),
+                "data.val_fraction": check_val_fraction(data_cfg.get("val_fraction", 0.1)),
+                "data.text_column": src.text_column, "data.id_column": src.key_column,
+                "split rules version": RULES_VERSION}
     folder = shards_folder(data_cfg, src, tokenizer_name)
-    vf = check_val_fraction(data_cfg.get("val_fraction", 0.1))
     tok = None if tokenizer_name == "char" else build_tokenizer(tokenizer_name)
-    m = read_manifest(folder)
-    if m is not None:
-        tok = check_manifest(m, folder, src, tokenizer_name, tok)
-        if not verify or verify_all(folder, m):
-            return folder, m, tok
-    size = data_cfg.get("shard_tokens") or 10**8
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"data.shard_tokens={size} must be a positive integer, e.g. 100000000")
+
+    def ready():  # -> (manifest, tokenizer) of complete shards made with these settings, or None
+        m = read_manifest(folder)
+        if m is None:
+            return None
+        t = check_manifest(m, folder, src, settings, tokenizer_name, tok)
+        return (m, t) if not verify or verify_all(folder, m) else None
+
+    done = None if verify else ready()  # verifying (and rewriting a bad shard) is for the lock's holder
+    if done is None:
+        with folder_lock(folder):
+            done = ready() or _write(data_cfg, src, folder, tok, settings)  # ready: another prepare wrote them
+    return folder, *done
+
+
+def _write(data_cfg, src: Source, folder: Path, tok: Tokenizer | None, settings: dict) -> tuple[dict, Tokenizer]:
+    """Tokenize `src` into shards in `folder` (resuming from the shards on disk) -> (manifest, tokenizer)."""
+    size, vf = settings["data.shard_tokens"], settings["data.val_fraction"]
     num_proc = resolve_num_proc(data_cfg, src)
     ds = src.build()
     check_columns(ds, src)
@@ -442,9 +471,8 @@ def prepare(data_cfg, tokenizer_name: str, verify: bool = True) -> tuple[Path, d
         tok = _char_tokenizer(ds, src, rule, vf, num_proc)
     dtype = dtype_for(tok.vocab_size)
     plan = {"format": FORMAT_VERSION, "fingerprint": src.fingerprint, "tokenizer": tok.identity(), "dtype": dtype,
-            "shard_tokens": size, "rule": rule, "val_fraction": vf, "text_column": src.text_column,
-            "key_column": src.key_column}
-    folder.mkdir(parents=True, exist_ok=True)
+            "shard_tokens": size, "rule": rule, "split_rules": RULES_VERSION, "val_fraction": vf,
+            "text_column": src.text_column, "key_column": src.key_column}
     _start_plan(folder, plan)
     writers = {}
     for split in SPLITS:
@@ -460,7 +488,8 @@ def prepare(data_cfg, tokenizer_name: str, verify: bool = True) -> tuple[Path, d
     m = {"format": FORMAT_VERSION, "dtype": dtype, "shard_tokens": size, "tokenizer": tok.identity(),
          "tokenizer_hash": tok.hash,
          "corpus": {"label": src.label, "fingerprint": src.fingerprint, "documents": total + src.empty,
-                    "empty_documents": empty, "split_rule": rule, "val_fraction": vf, **src.info},
+                    "empty_documents": empty, "split_rule": rule, "split_rules": RULES_VERSION, "val_fraction": vf,
+                    "text_column": src.text_column, "id_column": src.key_column, **src.info},
          "splits": {s: {"documents": w.docs, "bytes": w.bytes, "tokens": w.tokens, "shards": w.records}
                     for s, w in writers.items()}}
     write_manifest(folder, m)
@@ -469,24 +498,22 @@ def prepare(data_cfg, tokenizer_name: str, verify: bool = True) -> tuple[Path, d
     say(f"prepared: {total:,} documents ({empty:,} empty, skipped) -> {m['splits']['train']['tokens']:,} train + "
         f"{m['splits']['val']['tokens']:,} val tokens in {sum(len(w.records) for w in writers.values())} shards | "
         f"{mb / max(secs, 1e-9):.2f} MB/s")
-    return folder, m, tok
+    return m, tok
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str]) -> int:
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
+    from .compose import check_argv, compose
     from .errors import AblationsError, exit_code
-    from .run import CONF_DIR, check_config_keys, check_group_overrides
 
-    err = check_group_overrides(argv) or check_config_keys(argv)
+    err = check_argv(argv)
     if err:
         print(err, file=sys.stderr)
         return 2
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=argv)
+        cfg = compose(argv)
     except HydraException as e:
         print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 2

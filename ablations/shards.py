@@ -18,14 +18,13 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .errors import DataError
-from .sources import atomic_write_bytes
+from .sources import atomic_write_bytes, temp_beside
 
 MAGIC = b"ABLSHARD"
 FORMAT_VERSION = 1
@@ -47,12 +46,11 @@ def dtype_for(vocab_size: int) -> str:
 class ShardWriter:
     """One shard written as its tokens arrive, so memory holds one chunk, not the shard: a temporary file in the
     shard's folder (header space, then the payload, hashed as it is written); ``close(cursor)`` writes the header,
-    fsyncs and renames it into place (a killed writer leaves only a ``.<name>.*.tmp`` file, never a shard)."""
+    fsyncs and renames it into place (a killed writer leaves only a ``.<name>.<pid>.*.tmp`` file, never a shard)."""
 
     def __init__(self, path: Path, dtype: str):
         self.path, self.dtype = Path(path), np.dtype(dtype).newbyteorder("<")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        fd, self.tmp = temp_beside(self.path)
         self.f = os.fdopen(fd, "wb")
         self.f.write(bytes(HEADER_BYTES))
         self.sha, self.n = hashlib.sha256(), 0

@@ -44,10 +44,38 @@ def default_cache_dir(cfg_value=None) -> Path:
     return Path.home() / ".cache" / "ablations"
 
 
+def temp_beside(path: Path) -> tuple[int, str]:
+    """(fd, name) of a new temporary file in `path`'s folder, to be renamed over `path`: `.<name>.<pid>.<random>.tmp`,
+    so a starting writer can tell a dead writer's leftovers from a live one's (``remove_dead_writers_temps``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+
+
+def remove_dead_writers_temps(folder: Path) -> int:
+    """Delete the temporary files of writers that died (kill -9) in `folder` -> how many. A file of a live process
+    (another prepare writing its shards, or this one) is left alone: removing it would fail that writer's rename."""
+    removed = 0
+    for tmp in folder.glob(".*.tmp"):
+        pid = tmp.name.split(".")[-3]  # .<name>.<pid>.<random>.tmp; mkstemp's random part has no dots
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def atomic_write_bytes(path: Path, data: bytes, fsync: bool = False) -> None:
     """Write `path` completely or not at all: a temporary file in the same folder, renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

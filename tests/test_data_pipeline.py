@@ -8,9 +8,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ablations.data import (TokenDataModule, TrainBatches, check_windows, prepare_data, split_docs, train_starts,
+from ablations.data import (TokenDataModule, TrainBatches, check_windows, prepare_data, train_starts,
                             val_starts, window_batch)
 from ablations.errors import DataError, TokenizerError
+from ablations.splits import split_docs
 from ablations.tokenizers import CharTokenizer, build_tokenizer, tokenizer_from_identity
 
 TEXT = "Hello, wörld! ✓ tabs\tand\nnew lines\n" * 3

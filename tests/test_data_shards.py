@@ -20,7 +20,8 @@ from hydra import compose, initialize_config_dir
 
 from ablations.data import TokenData, TokenDataModule, open_shards, permute, prepare_data, train_starts
 from ablations.errors import DataError, TokenizerError
-from ablations.prepare import is_val, prepare
+from ablations.prepare import prepare
+from ablations.splits import is_val
 from ablations.shards import HEADER_BYTES, Segment, TokenStream, read_header, verify_shard, write_shard
 
 REPO = Path(__file__).resolve().parents[1]
