@@ -1,12 +1,18 @@
-"""Composing conf/ outside `@hydra.main`, written once: `compose(overrides)` for one config, `config_dir()` around
-several composes (Hydra's global state is initialised once for the with-block)."""
+"""The one way into Hydra outside `@hydra.main`: composing conf/ and checking a command line against it.
+
+`compose(overrides)` gives one config; `config_dir()` initialises Hydra once around several composes;
+`compose_run(overrides)` is one training run's config as `@hydra.main` would hand it to `train()`; and
+`check_argv(argv)` turns the command-line mistakes Hydra reports in many lines (an unknown group option, an unknown
+dotted key, a --config-dir that would be shadowed) into one line. Every command composes through here.
+"""
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 VERSION_BASE = "1.3"  # the same as @hydra.main's in ablations/run.py
@@ -28,3 +34,103 @@ def compose(overrides: Sequence[str], conf_dir: Path | str = CONF_DIR, job_name:
 
     with config_dir(conf_dir, job_name):
         return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def compose_run(overrides: Sequence[str]) -> DictConfig:
+    """The training config of one run, inside `config_dir()`: like @hydra.main, HydraConfig.get() works (runtime
+    choices, overrides, which ablations.train tags) and the config has no `hydra` key."""
+    from hydra import compose as hydra_compose
+    from hydra.core.hydra_config import HydraConfig
+
+    cfg = hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+# ------------------------------------------------------------------------------- one line for a bad command line
+
+
+def check_argv(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """The first of the three checks below that fails, as one line (None: Hydra may take the command line)."""
+    return check_group_overrides(argv, conf_dir) or check_config_dir(argv, conf_dir) or \
+        check_config_keys(argv, conf_dir)
+
+
+def check_group_overrides(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """One clear line for an unknown group option (Hydra's own message spans many lines)."""
+    for a in argv:
+        if "=" not in a or a.startswith("-"):
+            continue
+        key, val = a.split("=", 1)
+        key = key.lstrip("+~").split("@", 1)[0]
+        gdir = conf_dir / key
+        if "." in key or not gdir.is_dir() or any(c in val for c in "()[]*$"):
+            continue
+        valid = sorted(p.stem for p in gdir.glob("*.yaml") if not p.stem.startswith("_"))  # _gpt: a base
+        for v in val.split(","):
+            v = v.strip()
+            if v and v != "null" and v not in valid:
+                return (f"error: {key}={v} is not an option of group '{key}': valid options are "
+                        f"{', '.join(valid)} (files in conf/{key}/)")
+    return None
+
+
+def check_config_keys(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """One line for an unknown dotted key (`model.n_layers=4`), naming the closest valid keys; Hydra's own error
+    spans several lines. Composes the config with the command's group choices, so `experiment=` keys count."""
+    from hydra.errors import HydraException
+
+    if any(a.startswith(("--config-path", "-cp", "--config-name", "-cn")) for a in argv):
+        return None  # another primary config (e.g. a recorded run's): Hydra checks its keys
+    pairs = [a.split("=", 1) for a in argv if "=" in a and not a.startswith("-")]
+    dotted = [k for k, _ in pairs if "." in k and not k.startswith(("+", "~", "hydra."))]
+    if not dotted:
+        return None
+    groups = [f"{k}={v}" for k, v in pairs if "." not in k and (conf_dir / k.lstrip("+~")).is_dir()
+              and not any(c in v for c in "(),[]*$")]  # a multirun sweep: its first choice is not known here
+    try:
+        cfg = compose(groups, conf_dir)
+    except HydraException:
+        return None  # Hydra reports the bad group choice itself
+    for key in dotted:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+        if not isinstance(node, DictConfig):
+            node, leaf = cfg, key.split(".", 1)[0]  # the top of the key is unknown already
+            if leaf in node.keys():  # keys(), not `in node`: a mandatory `???` value is "not in" a DictConfig
+                continue
+        elif leaf in node.keys():
+            continue
+        where = f"{parent}." if node is not cfg else ""
+        close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=3, cutoff=0.5)
+        hint = (f"did you mean {', '.join(where + c for c in close)}?" if close else
+                f"valid keys are {', '.join(where + str(k) for k in node.keys())}")
+        return f"error: {key} is not a config key: {hint} (add a new key with +{key}=...)"
+    return None
+
+
+def check_config_dir(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """`--config-dir DIR` only adds DIR to the search path *after* conf/: a recorded `config.yaml` there would be
+    silently shadowed by conf/config.yaml. Refuse that instead of training the default config."""
+    def value(*names):
+        for i, a in enumerate(argv):
+            for n in names:
+                if a == n and i + 1 < len(argv):
+                    return argv[i + 1]
+                if a.startswith(n + "="):
+                    return a.split("=", 1)[1]
+        return None
+
+    cdir = value("--config-dir", "-cd")
+    if not cdir:
+        return None
+    name = value("--config-name", "-cn") or "config"
+    fname = name if name.endswith(".yaml") else f"{name}.yaml"
+    if (Path(cdir) / fname).is_file() and (conf_dir / fname).is_file() and \
+            Path(cdir).resolve() != conf_dir.resolve():
+        return (f"error: --config-dir {cdir} does not replace conf/: --config-name {name} still names "
+                f"conf/{fname}. To train a recorded config use `--config-path {Path(cdir).resolve()} --config-name "
+                f"{name}`, or better `python -m ablations.rerun run_id=<id>` (keeps the run's variant tags)")
+    return None

@@ -55,15 +55,12 @@ def _own_options(argv: list[str]) -> tuple[dict, list[str]]:
 
 def compute_floor(argv: list[str]) -> tuple[dict, dict, str]:
     """(bpb per order, metadata tags, tracking URI) for the data/tokenizer/val windows the overrides compose."""
-    from hydra import compose, initialize_config_dir
-
+    from ablations.compose import compose
     from ablations.data import prepare_data
     from ablations.tracking import tracking_uri
-    from sweeps.study import CONF_DIR
 
     own, overrides = _own_options(argv)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="ngram"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = compose(overrides, job_name="ngram")
     td = prepare_data(cfg.data, str(cfg.tokenizer.name))
     mm = td.memmap()
     train, val = np.asarray(mm[:td.n_train]), np.asarray(mm[td.n_train:])

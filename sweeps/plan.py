@@ -29,6 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ablations.compose import CONF_DIR
+from sweeps.protocol import VerdictError, load_spec, protocol_uri
+
 DEFAULTS = {"pilot": None, "pilot_uri": None, "sd": None, "power": 0.8, "alpha": 0.05, "max_seeds": 30,
             "goal": "both", "workers": 1, "secondary_seeds": 2}
 GOALS = ("detect", "equivalence", "both")
@@ -219,14 +222,12 @@ def chosen(row: dict, goal: str) -> int | None:
     return None if any(v is None for v in vals) else max(vals)
 
 
-def plan_seeds(p, overrides: dict | None = None) -> dict[str, int]:
+def plan_seeds(p, overrides: dict | None = None, conf_dir=CONF_DIR) -> dict[str, int]:
     """{size: seeds} for `verdict.seeds: plan`: the largest need of the size's primary arms (capped at max_seeds);
     a size with no primary comparison gets plan.secondary_seeds."""
-    from sweeps.verdict import VerdictError
-
     try:
         s = settings(p, overrides)
-        runs = pilot_frame(s["pilot"], s["pilot_uri"] or _protocol_uri(p)) if s["sd"] is None else None
+        runs = pilot_frame(s["pilot"], s["pilot_uri"] or protocol_uri(p, conf_dir)) if s["sd"] is None else None
         rows = plan_rows(p, s, runs)
     except (ValueError, LookupError) as e:
         raise VerdictError(f"seeds: plan: {e}") from None
@@ -235,15 +236,6 @@ def plan_seeds(p, overrides: dict | None = None) -> dict[str, int]:
 
 def _is_primary(p, arm: str, size: str) -> bool:
     return (not p.primary_arms or arm in p.primary_arms) and (not p.primary_sizes or size in p.primary_sizes)
-
-
-def _protocol_uri(p) -> str:
-    from hydra import initialize_config_dir
-
-    from sweeps.study import CONF_DIR, compose_run, tracking_uri
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="plan"):
-        return tracking_uri(compose_run(p.run_overrides(p.arms[0], p.sizes[0])))
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -296,7 +288,6 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     from sweeps.run import exit_code
-    from sweeps.verdict import VerdictError, load_protocol
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -306,10 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     rest = [a for a in argv if a.partition("=")[0] not in OWN_KEYS]
 
     def go() -> int:
-        p = load_protocol([*rest, "verdict.seeds=1"])  # the plan itself: never recursive
+        p = load_spec(rest)  # `seeds: plan` is what this prints, never read here
         try:
             s = settings(p, own)
-            runs = pilot_frame(s["pilot"], s["pilot_uri"] or _protocol_uri(p)) if s["sd"] is None else None
+            runs = pilot_frame(s["pilot"], s["pilot_uri"] or protocol_uri(p)) if s["sd"] is None else None
             rows = plan_rows(p, s, runs)
         except (ValueError, LookupError) as e:
             raise VerdictError(str(e)) from None

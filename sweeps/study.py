@@ -35,8 +35,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import FrozenTrial, TrialState
 
-from ablations.compose import CONF_DIR, config_dir
+from ablations.compose import CONF_DIR, compose_run, config_dir
 from ablations.errors import one_line
+from ablations.tracking import tracking_uri
 from modules.errors import AblationsError
 
 from sweeps.space import SearchSpace, SpaceError, format_value, to_overrides
@@ -277,13 +278,6 @@ def make_pruner(settings: SweepSettings, trainer_cfg: Mapping[str, Any],
 # --------------------------------------------------------------------------------------------------- mlflow
 
 
-def tracking_uri(cfg: DictConfig | None) -> str:
-    """The harness's rule: tracking.uri, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the CWD."""
-    from ablations.tracking import tracking_uri as harness_tracking_uri
-
-    return harness_tracking_uri(cfg)
-
-
 class MlflowLinks:
     """Small MLflow client wrapper: find a trial's run by tags and tag its final Optuna state."""
 
@@ -357,19 +351,6 @@ class MlflowLinks:
 
 
 # --------------------------------------------------------------------------------------------------- worker
-
-
-def compose_run(overrides: list[str]) -> DictConfig:
-    """The training config of one run, inside an initialised Hydra config dir: like @hydra.main, HydraConfig.get()
-    works (runtime choices, overrides, which ablations.train tags) and the config has no `hydra` key."""
-    from hydra import compose
-    from hydra.core.hydra_config import HydraConfig
-
-    cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
 
 
 def _values_of(overrides: list[str]) -> dict[str, Any]:

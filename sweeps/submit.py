@@ -87,10 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     import hydra
     from hydra.core.config_store import ConfigStore
 
+    from ablations.compose import VERSION_BASE
+
     ConfigStore.instance().store(name="sweeps_submit", node=SubmitConf)
     warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
     sys.argv = [sys.argv[0], "-m", f"worker=range({n})", *hydra_args, f"args={quoted_list(worker_args)}"]
-    app = hydra.main(version_base="1.3", config_path="../conf", config_name="sweeps_submit")(run_worker)
+    app = hydra.main(version_base=VERSION_BASE, config_path="../conf", config_name="sweeps_submit")(run_worker)
     app()
     return 0
 

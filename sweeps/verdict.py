@@ -14,18 +14,20 @@ run is not one of the seeds the verdict is computed from.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import optuna
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from modules.errors import AblationsError
+from ablations.compose import CONF_DIR, compose_run, config_dir
 from ablations.errors import one_line as _short
-from sweeps.study import CONF_DIR, Sweep, SweepError, compose_run, parse_overrides as _parse_overrides, tracking_uri
+from ablations.tracking import tracking_uri
+from modules.errors import AblationsError
+from sweeps.plan import plan_seeds
+from sweeps.protocol import ProtocolArm, ProtocolSpec, Size, VerdictError, load_spec, protocol_uri
+from sweeps.study import Sweep
 
 USAGE = """usage: python -m sweeps.verdict [verdict=<name>] [experiment=<name>] [verdict.KEY=VALUE ...] [overrides]
 
@@ -44,273 +46,13 @@ examples:
   python -m sweeps.verdict verdict=second-study threads=1
   python -m analysis.report second-study        # the verdicts, scaling fits and compute multipliers"""
 
-STAGES = ("lr", "seeds")
-HOLM_SCOPES = ("study", "size", "arm-family")  # one Holm family: every primary comparison / per size / per family+size
-
-
-class VerdictError(SweepError):
-    """A bad protocol description (one line, names the key and the fix)."""
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    family: str
-    overrides: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Size:
-    name: str
-    budget_flops: float
-    overrides: tuple[str, ...]
-
-
-@dataclass
-class ProtocolSpec:
-    name: str
-    experiment: str | None
-    baseline: str
-    arms: list[Arm]
-    sizes: list[Size]
-    seeds: int
-    seeds_largest: int
-    lr_grid: list[float]
-    lr_seed: int
-    storage: str
-    overrides: list[str]      # the verdict file's, then the user's training overrides
-    margin: float = float("nan")  # the smallest effect of interest (bpb), fixed before any run
-    margin_reason: str = ""
-    holm: str = "study"       # the Holm family (HOLM_SCOPES)
-    primary_arms: tuple[str, ...] = ()   # () = every non-baseline arm
-    primary_sizes: tuple[str, ...] = ()  # () = every size
-    allow_dirty: bool = False
-    plan: dict = field(default_factory=dict)  # the seed planner's pilot and targets (verdict.plan)
-    seeds_by_size: dict = field(default_factory=dict)  # seeds: plan -> {size: seeds} from sweeps.plan
-    lr_seeds: tuple[int, ...] = ()     # the lr stage's seeds (verdict.lr.seeds; () = (lr_seed,)): mean over them
-    lr_transfer_from: str | None = None  # search lr at this size only; the other sizes reuse it (needs mup)
-    lr_extend: int = 0                 # grid points the lr stage may add beyond an edge until the best is interior
-    workers: int = 1                   # local processes (verdict.workers): lr studies shared, seeds split
-    worker: tuple[int, int] = (0, 1)   # (this process's index, how many): its share of every size's seeds
-
-    def search_seeds(self) -> tuple[int, ...]:
-        return self.lr_seeds or (self.lr_seed,)
-
-    def run_overrides(self, arm: Arm, size: Size) -> list[str]:
-        """The training overrides of every run of (arm, size); the user's come last and win."""
-        head = [f"experiment={self.experiment}"] if self.experiment else []
-        return [*head, f"tracking.experiment={self.name}", *size.overrides,
-                f"trainer.budget.flops={size.budget_flops:g}", *arm.overrides, *self.overrides]
-
-    def seed_list(self, size_index: int) -> list[int]:
-        """Seeds of the seeds stage: 0, 1, 2, ... skipping the lr stage's seeds."""
-        n = self.seeds_largest if size_index == len(self.sizes) - 1 else self.seeds
-        n = self.seeds_by_size.get(self.sizes[size_index].name, n)
-        skip = set(self.search_seeds())
-        return [s for s in range(n + len(skip)) if s not in skip][:n]
-
-    def my_seeds(self, size_index: int, arms: list[Arm]) -> dict[str, list[int]]:
-        """arm -> the seeds this worker trains at a size: every worker-th (arm, seed) pair, seed-major so each
-        worker gets a mix of arms (all of them with one worker)."""
-        pairs = [(a.name, s) for s in self.seed_list(size_index) for a in arms]
-        i, n = self.worker
-        mine = pairs[i::n]
-        return {a.name: [s for name, s in mine if name == a.name] for a in arms}
-
-    def tags(self, arm: Arm, size: Size, stage: str) -> dict[str, str]:
-        return {"verdict.protocol": self.name, "verdict.arm": arm.name, "verdict.family": arm.family,
-                "verdict.baseline": self.baseline, "verdict.size": size.name, "verdict.stage": stage,
-                "verdict.budget_flops": f"{size.budget_flops:g}", "verdict.margin": f"{self.margin:g}",
-                "verdict.margin_reason": self.margin_reason[:5000], "verdict.holm": self.holm,
-                "verdict.primary": self.primary_text(), "verdict.allow_dirty": str(self.allow_dirty).lower()}
-
-    def primary_text(self) -> str:
-        """The primary comparisons as a tag: `arms=a,b;sizes=m` (`*`: every non-baseline arm / every size)."""
-        return f"arms={','.join(self.primary_arms) or '*'};sizes={','.join(self.primary_sizes) or '*'}"
-
-
-# ------------------------------------------------------------------------------------------------ config
-
-
-def _split(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(the protocol's overrides, the training overrides); `verdict=X` becomes `+verdict=X` (not in the root
-    defaults, so training configs never carry the protocol's keys)."""
-    verdict, run = [], []
-    for o in _parse_overrides(argv):
-        key = o.key_or_group.lstrip("+~")
-        if key == "verdict" or key.startswith("verdict."):
-            line = o.input_line
-            verdict.append("+" + line if key == "verdict" and not line.startswith(("+", "~")) else line)
-        else:
-            run.append(o.input_line)
-    if not any(v.lstrip("+").startswith("verdict=") for v in verdict):
-        verdict.insert(0, "+verdict=default")
-    return verdict, run
-
-
-def _need(v: Mapping, key: str, kind, what: str):
-    value = v.get(key)
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise VerdictError(f"invalid verdict.{key}={value!r}: expected {what}")
-    return value
-
-
-def _arms_from_sweeper(params: Mapping[str, Any] | None, experiment: str | None) -> list[Arm]:
-    """One family's arms from the experiment's `hydra.sweeper.params` (e.g. position: learned,rope,alibi)."""
-    swept = {k: v for k, v in (params or {}).items() if k != "seed"}
-    if len(swept) != 1:
-        raise VerdictError(f"invalid verdict.arms=null: experiment={experiment} sweeps {sorted(swept) or 'nothing'}; "
-                           f"arms can be derived from exactly one swept key, else list them in verdict.arms")
-    (key, choices), = swept.items()
-    names = [c.strip() for c in str(choices).split(",") if c.strip()]
-    return [Arm(name=c, family=key, overrides=(f"{key}={c}",)) for c in names]
-
-
-def _arms(v: Mapping, params, experiment) -> list[Arm]:
-    raw = v.get("arms")
-    if raw is None:
-        return _arms_from_sweeper(params, experiment)
-    if not isinstance(raw, Mapping) or not raw:
-        raise VerdictError(f"invalid verdict.arms={raw!r}: expected a mapping arm -> {{family, overrides}}")
-    arms = []
-    for name, spec in raw.items():
-        if not isinstance(spec, Mapping) or not isinstance(spec.get("overrides", []), list):
-            raise VerdictError(f"invalid verdict.arms.{name}={spec!r}: expected {{family: F, overrides: [...]}}")
-        arms.append(Arm(str(name), str(spec.get("family") or "arms"), tuple(str(o) for o in spec.get("overrides", []))))
-    return arms
-
-
-def _sizes(v: Mapping) -> list[Size]:
-    raw = v.get("sizes")
-    if not isinstance(raw, list) or not raw:
-        raise VerdictError(f"invalid verdict.sizes={raw!r}: expected a list of {{name, budget_flops, overrides}}")
-    sizes = []
-    for i, s in enumerate(raw):
-        flops = s.get("budget_flops") if isinstance(s, Mapping) else None
-        if isinstance(flops, bool) or not isinstance(flops, (int, float)) or flops <= 0:
-            raise VerdictError(f"invalid verdict.sizes[{i}].budget_flops={flops!r}: expected FLOPs > 0, e.g. 1.2e12")
-        sizes.append(Size(str(s.get("name") or f"size{i}"), float(flops), tuple(str(o) for o in s.get("overrides", []))))
-    if len({s.name for s in sizes}) != len(sizes):
-        raise VerdictError(f"invalid verdict.sizes: names {[s.name for s in sizes]} repeat; give each a unique name")
-    return sizes
-
 
 def load_protocol(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
-    from hydra import compose, initialize_config_dir
-
-    verdict_ov, run_ov = _split(argv)
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="verdict"):
-        try:
-            root = compose(config_name="config", overrides=[*verdict_ov, *run_ov])
-            v = OmegaConf.to_container(root.verdict, resolve=True)
-            experiment = next((o.split("=", 1)[1] for o in run_ov if o.startswith("experiment=")), None)
-            experiment = experiment or v.get("experiment")
-            run_ov = [o for o in run_ov if not o.startswith("experiment=")]
-            head = [f"experiment={experiment}"] if experiment else []
-            probe = compose(config_name="config", overrides=[*head, *run_ov], return_hydra_config=True)
-        except (HydraException, OmegaConfBaseException) as e:
-            raise VerdictError(f"config error: {_short(e)}") from None
-    params = OmegaConf.to_container(probe.hydra.sweeper.params, resolve=True) if probe.hydra.sweeper.get("params") \
-        else None
-    arms = _arms(v, params, experiment)
-    baseline = v.get("baseline") or arms[0].name
-    if baseline not in {a.name for a in arms}:
-        raise VerdictError(f"invalid verdict.baseline={baseline!r}: choose one of the arms {[a.name for a in arms]}")
-    grid = v.get("lr", {}).get("grid")
-    if not isinstance(grid, list) or not grid or not all(isinstance(x, (int, float)) and x > 0 for x in grid):
-        raise VerdictError(f"invalid verdict.lr.grid={grid!r}: expected a list of learning rates > 0")
-    name = v.get("name") or OmegaConf.select(probe, "tracking.experiment") or experiment
-    sizes = _sizes(v)
-    planned = v.get("seeds") == "plan"
-    p = ProtocolSpec(
-        name=str(name), experiment=experiment, baseline=str(baseline), arms=arms, sizes=sizes,
-        seeds=1 if planned else _need(v, "seeds", int, "an integer >= 1 or plan"),
-        seeds_largest=1 if planned else _need(v, "seeds_largest", int, "an integer >= 1"),
-        lr_grid=[float(x) for x in grid], lr_seed=int(v.get("lr", {}).get("seed", 0)),
-        storage=_need(v, "storage", str, "an Optuna storage URL"),
-        overrides=[*(str(o) for o in v.get("overrides") or []), *run_ov], **_statistics(v, arms, sizes),
-        **_lr_search(v.get("lr", {}), sizes, probe), **_workers(v))
-    if planned:
-        from sweeps.plan import plan_seeds
-
-        p.seeds_by_size = plan_seeds(p)
+    """The protocol of a command line, with its seed counts planned by sweeps.plan when it says `seeds: plan`."""
+    p = load_spec(argv, conf_dir)
+    if p.planned:
+        p.seeds_by_size = plan_seeds(p, conf_dir=conf_dir)
     return p
-
-
-def _lr_search(lr: Mapping, sizes: list[Size], probe) -> dict:
-    """The lr stage's design: its seeds (the best lr is the one with the lowest mean over them), how far it may extend
-    the grid past an edge, and the size it searches at when the lr is transferred (issue 18: mup only)."""
-    seeds = lr.get("seeds") or []
-    if not isinstance(seeds, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds) \
-            or len(set(seeds)) != len(seeds):
-        raise VerdictError(f"invalid verdict.lr.seeds={seeds!r}: expected distinct integer seeds, e.g. [100, 101]")
-    extend = lr.get("extend", 0)
-    if isinstance(extend, bool) or not isinstance(extend, int) or extend < 0:
-        raise VerdictError(f"invalid verdict.lr.extend={extend!r}: expected the number of grid points (>= 0) the "
-                           "search may add beyond an edge")
-    source = lr.get("transfer_from")
-    if source is not None:
-        if source not in [s.name for s in sizes]:
-            raise VerdictError(f"invalid verdict.lr.transfer_from={source!r}: choose one of the sizes "
-                               f"{[s.name for s in sizes]}")
-        if OmegaConf.select(probe, "model.parametrization", default="sp") != "mup":
-            raise VerdictError(f"invalid verdict.lr.transfer_from={source!r} with model.parametrization="
-                               f"{OmegaConf.select(probe, 'model.parametrization', default='sp')}: the lr transfers "
-                               "across widths only under mup; set model.parametrization=mup (and model.mup.base_width)"
-                               " or remove lr.transfer_from")
-    return {"lr_seeds": tuple(seeds), "lr_extend": extend, "lr_transfer_from": source}
-
-
-def _workers(v: Mapping) -> dict:
-    """verdict.workers (a positive integer, or auto: one per core / visible GPU) and verdict.worker (i/N: set by
-    `launch` for the processes it starts)."""
-    import os
-
-    from sweeps.study import parse_workers, visible_devices, worker_plan
-
-    try:
-        n = parse_workers(v.get("workers", 1))
-    except SweepError:
-        raise VerdictError(f"invalid verdict.workers={v.get('workers')!r}: a positive integer or auto") from None
-    if n == "auto":
-        n = len(worker_plan("auto", visible_devices(), list(range(os.cpu_count() or 1))))
-    raw = str(v.get("worker") or "0/1")
-    i, _, count = raw.partition("/")
-    if not (i.isdigit() and count.isdigit() and 0 <= int(i) < int(count)):
-        raise VerdictError(f"invalid verdict.worker={raw!r}: i/N with 0 <= i < N (set by verdict.workers=N)")
-    return {"workers": int(n), "worker": (int(i), int(count))}
-
-
-def _statistics(v: Mapping, arms: list[Arm], sizes: list[Size]) -> dict:
-    """The verdicts' settings fixed before any run: margin (and why), the Holm family, the primary comparisons."""
-    margin = v.get("margin")
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
-        raise VerdictError(f"invalid verdict.margin={margin!r}: state the smallest effect of interest in bpb before "
-                           "any run, e.g. verdict.margin=0.02 verdict.margin_reason='...'")
-    reason = v.get("margin_reason")
-    if not isinstance(reason, str) or not reason.strip():
-        raise VerdictError(f"invalid verdict.margin_reason={reason!r}: say why {margin:g} bpb is the smallest "
-                           "effect of interest (printed in the report)")
-    holm = v.get("holm", "study")
-    if holm not in HOLM_SCOPES:
-        raise VerdictError(f"invalid verdict.holm={holm!r}: choose one of {', '.join(HOLM_SCOPES)}")
-    primary = v.get("primary") or {}
-    if not isinstance(primary, Mapping):
-        raise VerdictError(f"invalid verdict.primary={primary!r}: expected {{arms: [...], sizes: [...]}} or null")
-    known = {"arms": [a.name for a in arms], "sizes": [s.name for s in sizes]}
-    chosen = {}
-    for key, names in known.items():
-        got = primary.get(key) or []
-        bad = [x for x in got if x not in names]
-        if not isinstance(got, list) or bad:
-            raise VerdictError(f"invalid verdict.primary.{key}={got!r}: expected a list of {', '.join(names)}")
-        chosen[key] = tuple(str(x) for x in got)
-    allow = v.get("allow_dirty", False)
-    if not isinstance(allow, bool):
-        raise VerdictError(f"invalid verdict.allow_dirty={allow!r}: expected true or false")
-    return {"margin": float(margin), "margin_reason": reason.strip(), "holm": holm,
-            "primary_arms": chosen["arms"], "primary_sizes": chosen["sizes"], "allow_dirty": allow,
-            "plan": dict(v.get("plan") or {})}
 
 
 # ------------------------------------------------------------------------------------------------ stages
@@ -408,7 +150,7 @@ class Verdict:
         self.say(f"report: python -m analysis.report {p.name}")
         return 0 if all(lr is not None for _, _, lr, _ in self.summary) else 1
 
-    def lr_stage(self, arm: Arm, size: Size) -> float | None:
+    def lr_stage(self, arm: ProtocolArm, size: Size) -> float | None:
         """The arm's best lr at this size: every (lr, seed) of the grid once, the lowest mean final val bpb over the
         lr seeds wins (a failed run counts as +inf); while the best lies at an edge and verdict.lr.extend allows,
         the grid grows by one point past that edge (same ratio) and the new point is run."""
@@ -433,7 +175,7 @@ class Verdict:
                  f"seeds {list(p.search_seeds())}")
         return float(best)
 
-    def _lr_points(self, arm: Arm, size: Size, lrs: list[float], study_name: str) -> dict[float, float]:
+    def _lr_points(self, arm: ProtocolArm, size: Size, lrs: list[float], study_name: str) -> dict[float, float]:
         """Run (or resume) one Optuna grid study over lrs x the lr seeds; {lr: mean val bpb} (+inf if a seed failed)."""
         p, seeds = self.p, list(self.p.search_seeds())
         space = {"optim.lr": {"type": "categorical", "choices": lrs}}
@@ -451,15 +193,13 @@ class Verdict:
             values[float(t.params["optim.lr"])].append(float(t.value))
         return {lr: (sum(v) / len(v) if len(v) == len(seeds) else float("inf")) for lr, v in values.items()}
 
-    def seeds_stage(self, arm: Arm, size: Size, lr: float, seeds: list[int]) -> int:
-        from hydra import initialize_config_dir
-
+    def seeds_stage(self, arm: ProtocolArm, size: Size, lr: float, seeds: list[int]) -> int:
         p, finished = self.p, 0
         tags = {**p.tags(arm, size, "seeds"), "verdict.lr": f"{lr:g}",
                 "verdict.lr_from": p.lr_transfer_from or size.name}
         for seed in seeds:
             overrides = [*p.run_overrides(arm, size), f"optim.lr={lr:g}", f"seed={seed}"]
-            with initialize_config_dir(config_dir=str(self.conf_dir), version_base="1.3", job_name="verdict"):
+            with config_dir(self.conf_dir, job_name="verdict"):
                 try:
                     cfg = compose_run(overrides)
                 except (HydraException, OmegaConfBaseException) as e:
@@ -475,20 +215,11 @@ class Verdict:
                     self.say(f"size {size.name} arm {arm.name}: seed {seed} failed: {_short(e)}")
         return finished
 
-    def _uri(self) -> str:
-        from hydra import initialize_config_dir
-
-        with initialize_config_dir(config_dir=str(self.conf_dir), version_base="1.3", job_name="verdict"):
-            try:
-                return tracking_uri(compose_run(self.p.run_overrides(self.p.arms[0], self.p.sizes[0])))
-            except (HydraException, OmegaConfBaseException) as e:
-                raise VerdictError(f"config error: {_short(e)}") from None
-
     def _earlier_commits(self) -> dict[str, int]:
         """commit -> number of runs of this protocol already in MLflow (any stage, any status)."""
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=self._uri())
+        client = MlflowClient(tracking_uri=protocol_uri(self.p, self.conf_dir))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
             return {}

@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ablations.lit import resolve_precision
-from ablations.run import check_group_overrides
+from ablations.compose import check_group_overrides
 from ablations.tracking import config_params, hydra_info
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -61,14 +61,14 @@ def test_run_name_variant_and_params_from_overrides():
     (["-m", "norm=layernorm,rmsnorm", "optim.lrr=1e-3"], "error: optim.lrr is not a config key: did you mean optim.lr?"),
 ])
 def test_unknown_config_key_names_the_closest_keys(argv, expected):
-    from ablations.run import check_config_keys
+    from ablations.compose import check_config_keys
 
     msg = check_config_keys(argv, CONF)
     assert msg is not None and msg.startswith(expected) and "\n" not in msg, msg
 
 
 def test_known_config_keys_pass():
-    from ablations.run import check_config_keys
+    from ablations.compose import check_config_keys
 
     assert check_config_keys(["model=tiny", "model.n_layer=3", "trainer.max_steps=5", "norm.qk_norm=true",
                               "+model.extra=1", "experiment=norms", "hydra.job.chdir=true"], CONF) is None

@@ -13,7 +13,7 @@ import pytest
 from analysis.stats import tost_from_stats
 from sweeps.plan import (family_size, pilot_frame, plan_seeds, power_difference, power_tost, seeds_needed, sd_upper,
                          spread_of)
-from sweeps.verdict import Arm, ProtocolSpec, Size
+from sweeps.protocol import ProtocolArm, ProtocolSpec, Size
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -70,7 +70,8 @@ def test_sd_upper_bound_is_a_chi_square_bound():
 
 
 def _spec(holm="study", primary_arms=(), primary_sizes=(), sd=0.01):
-    arms = [Arm("base", "b", ()), Arm("rope", "pos", ()), Arm("alibi", "pos", ()), Arm("rms", "norm", ())]
+    arms = [ProtocolArm(name, family, ()) for name, family in
+            (("base", "b"), ("rope", "pos"), ("alibi", "pos"), ("rms", "norm"))]
     sizes = [Size("s", 1e11, ()), Size("m", 3e11, ())]
     return ProtocolSpec(name="t", experiment=None, baseline="base", arms=arms, sizes=sizes, seeds=2, seeds_largest=2,
                         lr_grid=[1e-3], lr_seed=0, storage="sqlite:///x.db", overrides=[], margin=0.02,

@@ -193,7 +193,7 @@ def test_rerun_overrides_name_variant_and_values():
 
 
 def test_config_dir_shadowing_is_refused(tmp_path):
-    from ablations.run import check_config_dir
+    from ablations.compose import check_config_dir
 
     (tmp_path / "config.yaml").write_text("seed: 1\n")
     err = check_config_dir(["--config-dir", str(tmp_path), "trainer.max_steps=5"])

@@ -234,12 +234,12 @@ def test_guard_refuses_a_dirty_tree_and_other_commits(tmp_path):
 
 
 def test_verdict_refuses_before_training_anything(tmp_path):
-    from sweeps.verdict import Arm, ProtocolSpec, Size, Verdict, VerdictError
+    from sweeps.verdict import ProtocolArm, ProtocolSpec, Size, Verdict, VerdictError
 
     repo = _one_commit(tmp_path / "repo", "conf/a.yaml", "a: 1\n")
     (repo / "conf" / "a.yaml").write_text("a: 2\n")
     calls = []
-    spec = ProtocolSpec(name="guarded", experiment=None, baseline="a", arms=[Arm("a", "f", ())],
+    spec = ProtocolSpec(name="guarded", experiment=None, baseline="a", arms=[ProtocolArm("a", "f", ())],
                         sizes=[Size("s", 1e8, ())], seeds=1, seeds_largest=1, lr_grid=[1e-3], lr_seed=0,
                         storage=f"sqlite:///{tmp_path}/optuna.db", overrides=[f"tracking.uri=sqlite:///{tmp_path}/m.db"],
                         margin=0.02, margin_reason="r")
@@ -250,9 +250,9 @@ def test_verdict_refuses_before_training_anything(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- local workers
 def test_my_seeds_split_every_pair_once():
-    from sweeps.verdict import Arm, ProtocolSpec, Size
+    from sweeps.protocol import ProtocolArm, ProtocolSpec, Size
 
-    arms = [Arm("a", "f", ()), Arm("b", "f", ()), Arm("c", "f", ())]
+    arms = [ProtocolArm("a", "f", ()), ProtocolArm("b", "f", ()), ProtocolArm("c", "f", ())]
     spec = ProtocolSpec(name="w", experiment=None, baseline="a", arms=arms, sizes=[Size("s", 1e8, ())], seeds=5,
                         seeds_largest=5, lr_grid=[1e-3], lr_seed=0, storage="sqlite:///x.db", overrides=[])
     assert spec.my_seeds(0, arms) == {"a": [1, 2, 3, 4, 5], "b": [1, 2, 3, 4, 5], "c": [1, 2, 3, 4, 5]}
