@@ -7,8 +7,10 @@
                   Scalable for LLM Training"), so one optim.lr, tuned for AdamW, serves both parts.
 
 Under model.parametrization=mup each group's lr is optim.lr times the parametrization's multiplier for its role
-(modules/parametrization.py: hidden matrices 1/m under Adam, per-block spectral rule under Muon, 1 elsewhere); the
-lr schedule (LambdaLR over every group) multiplies each group's own lr. Nothing here reads a parameter's name.
+(modules/parametrization.py: hidden matrices 1/m under Adam, per-block spectral rule under Muon, 1 elsewhere), and
+its decoupled weight decay is divided by that multiplier (MuAdam's rule: wd * m where the lr is lr / m), so the
+decay per step, lr * wd, is the same at every width; the lr schedule (LambdaLR over every group) multiplies each
+group's own lr. Nothing here reads a parameter's name.
 """
 from __future__ import annotations
 
@@ -50,8 +52,9 @@ def _adamw_groups(roles, weight_decay: float) -> list[Group]:
         if r.role != "vector":
             decay.setdefault(r.adam_lr_mult, []).append(r)
     order = sorted(decay, key=lambda m: m != 1.0)  # stable: 1.0 first, then first appearance
+    # MuAdam: the decay is multiplied back by what divides the lr (1/m -> wd * m), so lr * wd stays put
     groups = [Group("adamw", tuple(dict.fromkeys(r.role for r in decay[m])), [r.param for r in decay[m]], m,
-                    weight_decay) for m in order]
+                    weight_decay / m) for m in order]
     vectors = [r for r in roles if r.role == "vector"]
     groups.append(Group("adamw", ("vector",), [r.param for r in vectors], 1.0, 0.0))
     return groups
@@ -59,11 +62,12 @@ def _adamw_groups(roles, weight_decay: float) -> list[Group]:
 
 def _muon_groups(roles, weight_decay: float) -> list[Group]:
     """Hidden matrices grouped by their first block's lr multiplier; a block whose multiplier differs (a fused
-    matrix whose parts scale differently with width) carries its factor relative to the group."""
+    matrix whose parts scale differently with width) carries its factor relative to the group. The decay is
+    divided by the same multipliers (BlockMuon divides by the block's factor), so lr * wd stays put, as under Adam."""
     groups: dict[float, Group] = {}
     for r in roles:
         mults = r.muon_lr_mults
-        g = groups.setdefault(mults[0], Group("muon", ("hidden_matrix",), [], mults[0], weight_decay))
+        g = groups.setdefault(mults[0], Group("muon", ("hidden_matrix",), [], mults[0], weight_decay / mults[0]))
         g.params.append(r.param)
         g.blocks.append([(rows, m / mults[0]) for (rows, _), m in zip(r.blocks, mults)])
     return list(groups.values())
@@ -169,9 +173,10 @@ class BlockMuon(torch.optim.Muon if hasattr(torch.optim, "Muon") else torch.opti
     """torch.optim.Muon whose step runs PyTorch's own Muon update (torch.optim._muon.muon: momentum, Newton-Schulz,
     lr adjustment, decoupled decay) on each declared block of a parameter separately: rows [0, r1), [r1, r1 + r2)
     ... of a fused matrix get their own momentum slice, orthogonalisation and shape-adjusted lr, exactly as if the
-    blocks were separate parameters. The group key "blocks" lists, per parameter, (rows, lr factor) pairs; one
-    block of all rows with factor 1 is torch.optim.Muon's step. State (one momentum buffer per parameter, whole)
-    and state_dict are torch.optim.Muon's."""
+    blocks were separate parameters. The group key "blocks" lists, per parameter, (rows, lr factor) pairs; a
+    block's lr is the group's times its factor and its decoupled decay the group's divided by it (lr * wd, the
+    decay per step, is the group's); one block of all rows with factor 1 is torch.optim.Muon's step. State (one
+    momentum buffer per parameter, whole) and state_dict are torch.optim.Muon's."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -189,7 +194,7 @@ class BlockMuon(torch.optim.Muon if hasattr(torch.optim, "Muon") else torch.opti
                 # views: the in-place updates of each block land in the parameter and its momentum buffer
                 for (_, factor), w, g, buf in zip(blocks, p.split(rows), p.grad.split(rows),
                                                   state["momentum_buffer"].split(rows)):
-                    muon([w], [g], [buf], lr=group["lr"] * factor, weight_decay=group["weight_decay"],
+                    muon([w], [g], [buf], lr=group["lr"] * factor, weight_decay=group["weight_decay"] / factor,
                          momentum=group["momentum"], nesterov=group["nesterov"],
                          ns_coefficients=group["ns_coefficients"], eps=group["eps"], ns_steps=group["ns_steps"],
                          adjust_lr_fn=group["adjust_lr_fn"], has_complex=False)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
 from modules.options import VariantOptions, check_bool, check_choice, check_int, check_number, fail
-from modules.parametrization import PARAMETRIZATIONS, MupOptions, check_mup
+from modules.parametrization import PARAMETRIZATIONS, MupOptions, check_mup, mup_heads
 from modules.registry import FAMILIES, names, variant
 
 DEFAULTS = {"position": "learned", "norm": "layernorm", "mlp": "gelu", "attention": "mha"}
@@ -53,7 +53,8 @@ def _mup_options(value) -> MupOptions:
     d = {str(k): v for k, v in value.items()}
     unknown = sorted(set(d) - {f.name for f in fields(MupOptions)})
     if unknown:
-        fail(f"mup.{unknown[0]}", d[unknown[0]], "unknown key; the only key is base_width")
+        fail(f"mup.{unknown[0]}", d[unknown[0]],
+             f"unknown key; valid keys are {', '.join(f.name for f in fields(MupOptions))}")
     return MupOptions(**d)
 
 
@@ -72,6 +73,7 @@ class GPTConfig:
     bias: bool = False
     tie_weights: bool = True
     parametrization: str = "sp"  # sp: GPT-2's; mup: Tensor Programs V relative to mup.base_width (parametrization.py)
+    # under mup with mup.width_grows=heads (the default), n_head is replaced by n_embd / mup.head_dim at construction
     mup: MupOptions | Mapping | None = None
 
     def __post_init__(self):
@@ -83,10 +85,14 @@ class GPTConfig:
         check_number("dropout", self.dropout, 0, 1, lo_open=False)
         check_bool("bias", self.bias)
         check_bool("tie_weights", self.tie_weights)
-        if self.n_embd % self.n_head:
-            fail("n_embd", self.n_embd, f"must be divisible by n_head={self.n_head}")
         check_choice("parametrization", self.parametrization, PARAMETRIZATIONS)
         object.__setattr__(self, "mup", _mup_options(self.mup))
+        if self.parametrization == "mup":  # width grows by heads: n_head follows n_embd (parametrization.py)
+            n_head, mup = mup_heads(self)
+            object.__setattr__(self, "n_head", n_head)
+            object.__setattr__(self, "mup", mup)
+        if self.n_embd % self.n_head:
+            fail("n_embd", self.n_embd, f"must be divisible by n_head={self.n_head}")
         # cross-family checks, asked of each variant (attention first: rope's check reads its rotary width); a
         # variant that cannot run under a parametrization refuses it here
         for family in ("attention", "position", "norm", "mlp"):

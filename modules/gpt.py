@@ -15,7 +15,7 @@ from modules.cache import KVCache
 from modules.config import GPTConfig
 from modules.mlps import build_mlp
 from modules.norms import build_norm
-from modules.parametrization import base_config, output_mult, param_roles
+from modules.parametrization import base_config, init_std, output_mult, param_roles
 from modules.positions import build_position
 
 
@@ -66,13 +66,14 @@ class GPT(nn.Module):
         # 1/sqrt(2L) because 2L of them are summed (one attention and one MLP per layer), keeping its variance flat.
         # mup scales each hidden matrix's std by its role's init_mult (variance ~ 1/fan_in; 1 at the base width).
         if isinstance(module, nn.Linear):
-            std = 0.02 / math.sqrt(2 * self.config.n_layer) if id(module) in self._residual else 0.02
+            std = init_std(self.config)  # sp: 0.02; mup: mup.init_std, the base model's (tunable) std
+            std = std / math.sqrt(2 * self.config.n_layer) if id(module) in self._residual else std
             std *= self._init_mult.get(id(module.weight), 1.0)
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=init_std(self.config))
 
     def role_overrides(self) -> dict[str, str]:
         # the untied head is an nn.Linear, which structure alone would call a hidden matrix (tied: it is wte's table)

@@ -5,19 +5,27 @@ plain logits, one lr for every parameter.
 
 `mup` is the Maximal Update Parametrization of Yang et al. 2022 ("Tensor Programs V", Table 3, Adam column, in its
 output-multiplier form as Microsoft's `mup` package implements it), relative to a base model: this model with
-n_embd = mup.base_width (n_head, depth and every other option unchanged; width grows by head size). With m the
-ratio fan_in / base fan_in of a parameter:
+n_embd = mup.base_width, depth and every other option unchanged. Width grows by heads (mup.width_grows=heads, the
+default, as Cerebras-GPT and EleutherAI's muP guide do): every head keeps mup.head_dim (None: base_width / n_head,
+n_head then counts the base model's heads) and n_head = n_embd / head_dim, so the attention scale is the same at
+every width. mup.width_grows=head_size keeps n_head and widens each head instead. With m the ratio
+fan_in / base fan_in of a parameter and s0 = mup.init_std:
 
-    parameter role   init std          Adam lr      Muon lr (match_rms_adamw)         forward
-    hidden_matrix    sp std / sqrt(m)  lr / m       lr * sqrt(r_out/r_in) / sqrt(M)   -
-    embedding        sp std            lr           (AdamW)                           -
-    head             sp std            lr           (AdamW)                           logits * base_width / n_embd
-    vector           sp (ones/zeros)   lr           (AdamW)                           -
-    attention        -                 -            -                                 q.k * sqrt(d0) / d
+    parameter role   init std         Adam lr   Adam decay   Muon lr (match_rms_adamw)         forward
+    hidden_matrix    s0 / sqrt(m)     lr / m    wd * m       lr * sqrt(r_out/r_in) / sqrt(M)   -
+    embedding        s0               lr        wd           (AdamW)                           -
+    head             s0               lr        wd           (AdamW)                           logits * c_out / m
+    vector           sp (ones/zeros)  lr        0            (AdamW)                           -
+    attention        -                -         -            -                                 q.k * c_attn sqrt(d0)/d
 
-d is the score width (head size; MLA: head size + rope width), d0 the base model's. r_out, r_in are a block's
-out/in width ratios and M the ratio of its larger dimension, base to now (see `ParamRole.muon_lr_mults`).
-At width = base_width every factor is exactly 1, so mup there *is* sp: the base model's tuned lr is the lr.
+c_out = mup.output_mult and c_attn = mup.attn_mult (the head's m is n_embd / base_width).
+d is the score width (head size; MLA: head size + rope width), d0 the base model's (d = d0 when width grows by
+heads). r_out, r_in are a block's out/in width ratios and M the ratio of its larger dimension, base to now (see
+`ParamRole.muon_lr_mults`). Decoupled weight decay is divided by each lr multiplier (MuAdam's rule; under Muon
+per block; ablations/optim.py), so the decay per step, lr * wd, is the same at every width.
+mup.init_std, mup.output_mult and mup.attn_mult are the base model's tunable multipliers (Tensor Programs V tunes
+them on the small model and transfers them); their defaults (0.02, 1, 1) make every factor exactly 1 at
+width = base_width, so mup there *is* sp: the base model's tuned lr is the lr.
 
 The Muon column follows the spectral condition of Yang, Simon & Bernstein 2023 ("A Spectral Condition for Feature
 Learning", condition 2): a hidden matrix's update must have spectral norm Theta(sqrt(fan_out / fan_in)).
@@ -39,25 +47,38 @@ to the Muon mup rule (each block's own shape).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from modules.errors import ConfigError
-from modules.options import check_int
+from modules.options import check_choice, check_int, check_number
+
+SP_INIT_STD = 0.02  # GPT-2's init std, sp's for every matrix and table
 
 PARAMETRIZATIONS = ("sp", "mup")
 ROLES = ("hidden_matrix", "embedding", "head", "vector")
+WIDTH_GROWS = ("heads", "head_size")
 
 
 @dataclass(frozen=True)
 class MupOptions:
     base_width: int | None = None  # n_embd of the base model (the width the lr was tuned at); mup needs it
+    width_grows: str = "heads"     # heads: n_head = n_embd / head_dim; head_size: n_head fixed, heads widen
+    head_dim: int | None = None    # heads: every head's size; None: base_width / n_head (the base model's heads)
+    init_std: float = SP_INIT_STD  # the base model's init std (sp's 0.02; hidden matrices get it / sqrt(m))
+    output_mult: float = 1.0       # the base model's logit multiplier (times base_width / n_embd)
+    attn_mult: float = 1.0         # the base model's attention-logit multiplier (times sqrt(d0) / d)
 
     def __post_init__(self):
         if self.base_width is not None:
             check_int("mup.base_width", self.base_width)
+        check_choice("mup.width_grows", self.width_grows, WIDTH_GROWS)
+        if self.head_dim is not None:
+            check_int("mup.head_dim", self.head_dim)
+        for key in ("init_std", "output_mult", "attn_mult"):
+            check_number(f"mup.{key}", getattr(self, key), 0, None)
 
 
 @dataclass(frozen=True)
@@ -96,16 +117,36 @@ class ParamRole:
         return tuple(out)
 
 
-def check_mup(cfg) -> None:
-    """Cross-field checks of parametrization=mup (cfg is a GPTConfig): a base width that builds a valid model."""
-    base = cfg.mup.base_width
-    if base is None:
+def mup_heads(cfg) -> tuple[int, MupOptions]:
+    """(n_head, mup options with head_dim filled in) of a mup config (a GPTConfig being built, its n_head as given).
+    width_grows=heads: head_dim fixed (None: base_width / n_head), n_head = n_embd / head_dim; head_size: as given."""
+    mup = cfg.mup
+    if mup.base_width is None:
         raise ConfigError("invalid mup.base_width=None: parametrization=mup needs the width the lr was tuned at, "
                           "e.g. model.mup.base_width=64")
+    if mup.width_grows == "head_size":
+        return cfg.n_head, mup
+    hd = mup.head_dim
+    if hd is None:
+        if mup.base_width % cfg.n_head:
+            raise ConfigError(f"invalid mup.base_width={mup.base_width}: must be divisible by n_head={cfg.n_head} "
+                              f"(n_head counts the base model's heads; or set model.mup.head_dim)")
+        hd = mup.base_width // cfg.n_head
+    for key, width in (("n_embd", cfg.n_embd), ("mup.base_width", mup.base_width)):
+        if width % hd:
+            raise ConfigError(f"invalid {key}={width}: must be divisible by mup.head_dim={hd} (under mup the width "
+                              f"grows by heads of that size; or set model.mup.width_grows=head_size)")
+    return cfg.n_embd // hd, replace(mup, head_dim=hd)
+
+
+def check_mup(cfg) -> None:
+    """Cross-field checks of parametrization=mup (cfg is a GPTConfig, heads resolved by mup_heads): a base width
+    that builds a valid model."""
+    base = cfg.mup.base_width
     if base > cfg.n_embd:
         raise ConfigError(f"invalid mup.base_width={base}: larger than n_embd={cfg.n_embd}; the base model is the "
                           f"narrow one you tune on (use a base_width <= {cfg.n_embd})")
-    if base % cfg.n_head:
+    if cfg.mup.width_grows == "head_size" and base % cfg.n_head:
         raise ConfigError(f"invalid mup.base_width={base}: must be divisible by n_head={cfg.n_head} (the base model "
                           f"keeps the heads and narrows each)")
     try:
@@ -115,27 +156,32 @@ def check_mup(cfg) -> None:
 
 
 def base_config(cfg):
-    """The base model's GPTConfig: this one at n_embd = mup.base_width, in sp (sp: the config itself)."""
-    from dataclasses import replace
-
+    """The base model's GPTConfig: this one at n_embd = mup.base_width (and its heads), in sp (sp: itself)."""
     if cfg.parametrization == "sp":
         return cfg
-    return replace(cfg, n_embd=cfg.mup.base_width, parametrization="sp")
+    heads = cfg.n_head if cfg.mup.width_grows == "head_size" else cfg.mup.base_width // cfg.mup.head_dim
+    return replace(cfg, n_embd=cfg.mup.base_width, n_head=heads, parametrization="sp")
+
+
+def init_std(cfg) -> float:
+    """The base init std of matrices and tables: sp's 0.02, or mup.init_std (hidden matrices: / sqrt(m) on top)."""
+    return SP_INIT_STD if cfg.parametrization == "sp" else cfg.mup.init_std
 
 
 def attn_scale(cfg) -> float | None:
-    """The attention logits' scale: None under sp (SDPA's own 1/sqrt(d)); sqrt(d0)/d under mup (1/d, equal to
-    1/sqrt(d) at the base width), d the score width the attention variant declares (`score_dims`)."""
+    """The attention logits' scale: None under sp (SDPA's own 1/sqrt(d)); attn_mult * sqrt(d0)/d under mup (d = d0
+    when width grows by heads; 1/d when heads widen), d the score width the attention variant declares
+    (`score_dims`). At the base width with attn_mult 1 it is sp's 1/sqrt(d)."""
     if cfg.parametrization == "sp":
         return None
     d = cfg.variant("attention").score_dims(cfg)[0]
     d0 = cfg.variant("attention").score_dims(base_config(cfg))[0]
-    return math.sqrt(d0) / d
+    return cfg.mup.attn_mult * math.sqrt(d0) / d
 
 
 def output_mult(cfg) -> float | None:
-    """The logits' multiplier: None under sp; base_width / n_embd under mup (the head's 1/m)."""
-    return None if cfg.parametrization == "sp" else cfg.mup.base_width / cfg.n_embd
+    """The logits' multiplier: None under sp; output_mult * base_width / n_embd under mup (the head's 1/m)."""
+    return None if cfg.parametrization == "sp" else cfg.mup.output_mult * cfg.mup.base_width / cfg.n_embd
 
 
 # ------------------------------------------------------------------------------------------------ roles

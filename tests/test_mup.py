@@ -11,7 +11,6 @@ import torch
 from ablations.optim import build_optimizer
 from modules.config import GPTConfig
 from modules.errors import ConfigError
-from modules.config import GPTConfig
 from modules.gpt import GPT
 from modules.registry import names
 from sp_reference import CASES, FIXTURE, case_id, close, composed, fingerprint
@@ -102,16 +101,20 @@ def _query_rows(attn) -> tuple[torch.nn.Linear, int]:
     return attn.c_q, attn.c_q.out_features  # MLA: content and rotary query parts of every head
 
 
+@pytest.mark.parametrize("grows", ["heads", "head_size"])
 @pytest.mark.parametrize("attention", names("attention"))
-def test_attention_scores_use_the_mup_scale(attention):
+def test_attention_scores_use_the_mup_scale(attention, grows):
     """mup's q.k * sqrt(d0)/d equals sp's q.k / sqrt(d) once sp's query rows are multiplied by sqrt(d0)/d *
-    sqrt(d); with the head's output multiplier, the two models give the same logits (sliding: its blocked path)."""
+    sqrt(d); with the head's output multiplier, the two models give the same logits (sliding: its blocked path).
+    Width grows by heads: d = d0, the scale is sp's 1/sqrt(d); by head size: d = 2 d0 at twice the base width."""
     case = [f"attention={attention}"] + (["attention.window=6"] if attention == "sliding" else [])
-    mup = sharpen(build([*case, *MUP])).eval()
-    sp = build(case).eval()
+    mup = sharpen(build([*case, *MUP, f"model.mup.width_grows={grows}"])).eval()
+    sp = build([*case, f"model.n_head={mup.config.n_head}"]).eval()  # the same heads: 8 (by heads) or 4
+    assert mup.config.n_head == {"heads": 8, "head_size": 4}[grows]
     sp.load_state_dict(mup.state_dict())
     d = mup.config.variant("attention").score_dims(mup.config)[0]
-    assert mup.blocks[0].attn.scale == pytest.approx(math.sqrt(d // 2) / d)  # base width 16: half the head
+    d0 = d if grows == "heads" else d // 2  # base width 16: the same heads, or half the head
+    assert mup.blocks[0].attn.scale == pytest.approx(math.sqrt(d0) / d)
     with torch.no_grad():
         for block in sp.blocks:
             lin, rows = _query_rows(block.attn)
@@ -124,7 +127,8 @@ def test_attention_scores_use_the_mup_scale(attention):
 # ------------------------------------------------------------------------------------------ known answers
 def test_multipliers_known_answers():
     """Base width 32, n_head 4, n_layer 2, gelu MLP (4x), typed by hand from Tensor Programs V's Table 3 and the
-    spectral rule (parametrization.py). Width 64 (m = 2) and width 256 (m = 8)."""
+    spectral rule (parametrization.py). Width 64 (m = 2) and width 256 (m = 8), heads widening (width_grows=
+    head_size: the attention scale is 1/d); test_width_grows_by_heads has the default's."""
     expected = {
         64: {"adam_hidden": 0.5, "muon_hidden": 0.7071067811865476, "out": 0.5,
              "attn": 0.1767766952966369,       # sqrt(8) / 16; sp: 1/sqrt(16) = 0.25
@@ -137,7 +141,8 @@ def test_multipliers_known_answers():
     }
     for width, want in expected.items():
         torch.manual_seed(0)
-        m = GPT(GPTConfig(256, 32, 2, 4, width, parametrization="mup", mup={"base_width": 32}))
+        m = GPT(GPTConfig(256, 32, 2, 4, width, parametrization="mup",
+                          mup={"base_width": 32, "width_grows": "head_size"}))
         roles = {r.name: r for r in m.param_roles()}
         for name in ("blocks.0.attn.c_attn.weight", "blocks.1.mlp.c_fc.weight", "blocks.0.mlp.c_proj.weight"):
             assert roles[name].adam_lr_mult == pytest.approx(want["adam_hidden"], rel=1e-12)
@@ -158,7 +163,8 @@ def test_mla_fused_blocks_and_their_muon_factors():
     """MLA's c_kv_down fuses the latent (n_embd/2 rows) and the shared rotary key (hs/2 rows), c_kv_up the
     per-head keys and values; each block's shape gives its own Muon factor (here all 1/sqrt(2): every dimension
     doubles with the width)."""
-    m = GPT(GPTConfig(256, 32, 2, 4, 64, attention="mla", parametrization="mup", mup={"base_width": 32}))
+    m = GPT(GPTConfig(256, 32, 2, 4, 64, attention="mla", parametrization="mup",
+                      mup={"base_width": 32, "width_grows": "head_size"}))
     roles = {r.name: r for r in m.param_roles()}
     assert roles["blocks.0.attn.c_kv_down.weight"].blocks == ((32, 64), (8, 64))
     assert roles["blocks.0.attn.c_kv_down.weight"].base_blocks == ((16, 32), (4, 32))
@@ -169,9 +175,81 @@ def test_mla_fused_blocks_and_their_muon_factors():
     # a fixed latent width does not grow with the model: its block's factor is then sqrt(r_out/r_in)/sqrt(M) =
     # sqrt(1/2) / sqrt(64/32) = 0.5, the rotary block's still 1/sqrt(2)
     fixed = GPT(GPTConfig(256, 32, 2, 4, 64, attention={"name": "mla", "kv_latent_dim": 16},
-                          parametrization="mup", mup={"base_width": 32}))
+                          parametrization="mup", mup={"base_width": 32, "width_grows": "head_size"}))
     r = {r.name: r for r in fixed.param_roles()}["blocks.0.attn.c_kv_down.weight"]
     assert r.muon_lr_mults == pytest.approx((0.5, 1 / math.sqrt(2)))
+
+
+GROWS_BY_HEADS = {  # base width 32 with 4 heads: head_dim 8; by hand per attention: n_kv_head and the numbers
+    # one layer's KV cache holds per token at widths 32 / 128 / 256 (MHA 2 * n_head * 8; GQA 2 * 2 * 8; MQA 2 * 8;
+    # MLA the latent n_embd/2 plus the shared rotary key 8/2), and the score width (MLA: 8 + 4)
+    "mha": {"kv": (4, 16, 32), "cache": (64, 256, 512), "d": 8},
+    "gqa": {"kv": (2, 2, 2), "cache": (32, 32, 32), "d": 8},
+    "mqa": {"kv": (1, 1, 1), "cache": (16, 16, 16), "d": 8},
+    "mla": {"kv": (4, 16, 32), "cache": (20, 68, 132), "d": 12},
+}
+
+
+@pytest.mark.parametrize("attention", list(GROWS_BY_HEADS))
+def test_width_grows_by_heads(attention):
+    """Default mup (width_grows=heads), base width 32 with 4 heads: every head keeps 8 dimensions and n_head =
+    n_embd / 8 (4, 16, 32 at widths 32, 128, 256), so the attention scale is sp's 1/sqrt(d) at every width; GQA's
+    and MQA's n_kv_head stay as configured; the KV cache and the base model follow; the config round-trips."""
+    from modules.accounting import kv_cache_bytes_per_token
+    from modules.parametrization import base_config
+
+    want = GROWS_BY_HEADS[attention]
+    att = {"name": "gqa", "n_kv_head": 2} if attention == "gqa" else attention
+    for i, width in enumerate((32, 128, 256)):
+        cfg = GPTConfig(256, 32, 2, 4, width, attention=att, parametrization="mup", mup={"base_width": 32})
+        assert (cfg.n_head, cfg.head_size, cfg.mup.head_dim, cfg.n_kv_head) == (width // 8, 8, 8, want["kv"][i])
+        assert kv_cache_bytes_per_token(cfg, torch.float32) == 2 * want["cache"][i] * 4  # 2 layers, 4 bytes
+        assert (base_config(cfg).n_head, base_config(cfg).n_embd) == (4, 32)
+        assert GPTConfig.from_dict(cfg.to_dict()) == cfg  # a recorded config rebuilds the same model
+        m = GPT(cfg)
+        assert m.blocks[0].attn.scale == pytest.approx(1 / math.sqrt(want["d"]), rel=1e-12)
+    # the fixed-heads form, on request: 4 heads of n_embd / 4
+    cfg = GPTConfig(256, 32, 2, 4, 128, attention=att, parametrization="mup",
+                    mup={"base_width": 32, "width_grows": "head_size"})
+    assert (cfg.n_head, cfg.head_size) == (4, 32)
+
+
+@pytest.mark.parametrize("grows", ["heads", "head_size"])
+def test_tuned_base_multipliers_by_hand(grows):
+    """mup.init_std 0.05, output_mult 3 and attn_mult 1.5 (a tuned base, base width 32, 4 heads, 2 layers, untied
+    head), at widths 64 (m = 2) and 256 (m = 8), typed by hand: hidden matrices 0.05 / sqrt(m) (the residual
+    projections another 1/sqrt(2 * 2 layers)), embedding and head 0.05; logits x 3 * 32 / width; attention
+    1.5 * sqrt(8) / d with d = 8 (heads) or width / 4 (head_size)."""
+    expected = {
+        64: {"std_fc": 0.035355339059327376, "std_proj": 0.017677669529663688, "out": 1.5,
+             "attn": {"heads": 0.5303300858899106, "head_size": 0.2651650429449553}},
+        256: {"std_fc": 0.017677669529663688, "std_proj": 0.008838834764831844, "out": 0.375,
+              "attn": {"heads": 0.5303300858899106, "head_size": 0.06629126073623882}},
+    }
+    for width, want in expected.items():
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(256, 32, 2, 4, width, tie_weights=False, parametrization="mup",
+                          mup={"base_width": 32, "width_grows": grows, "init_std": 0.05, "output_mult": 3.0,
+                               "attn_mult": 1.5}))
+        assert m.output_mult == pytest.approx(want["out"], rel=1e-12)
+        assert m.blocks[1].attn.scale == pytest.approx(want["attn"][grows], rel=1e-12)
+        # the init std, measured on the drawn weights (>= 16k samples each: within 4% at well over 3 sigma)
+        assert m.blocks[0].mlp.c_fc.weight.std().item() == pytest.approx(want["std_fc"], rel=0.04)
+        assert m.blocks[1].mlp.c_proj.weight.std().item() == pytest.approx(want["std_proj"], rel=0.04)
+        assert m.wte.weight.std().item() == pytest.approx(0.05, rel=0.04)
+        assert m.lm_head.weight.std().item() == pytest.approx(0.05, rel=0.04)
+        x = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():  # the multiplier is applied to the head's output
+            torch.testing.assert_close(m(x), m.lm_head(m.ln_f(_residual_stream(m, x))) * want["out"])
+
+
+def _residual_stream(model, x):
+    """The blocks' output for x (the final norm's input), through a forward hook."""
+    out = {}
+    h = model.ln_f.register_forward_hook(lambda mod, inp, o: out.__setitem__("x", inp[0]))
+    model(x)
+    h.remove()
+    return out["x"]
 
 
 # ------------------------------------------------------------------------------------------ coordinate check
@@ -244,15 +322,15 @@ FLAT = 0.2  # |slope| bound for "stays put": measured |slope| <= 0.06 under mup 
 
 
 def _check_mup(s: dict[str, float]) -> None:
-    """After the steps every layer output and the logits stay put across widths. At init two quantities vanish
-    with width as mup predicts, each like width^-1/2: the logits (a readout of variance 1/width^2 reading sqrt(width)
-    independent coordinates) and the attention logits (q and k independent at init: q.k ~ sqrt(d), scaled 1/d)."""
-    trained = {k: v for k, v in s.items() if "@0" not in k and "scores" not in k}
-    at_init = {k: v for k, v in s.items() if "@0" in k and "scores" not in k and k != "logits@0"}
+    """After the steps every layer output, the attention logits and the logits stay put across widths. At init
+    the logits vanish like width^-1/2 as mup predicts (a readout of variance 1/width^2 reading sqrt(width)
+    independent coordinates); the attention logits stay put (the width grows by heads: q.k over a fixed head size
+    at a fixed scale; with heads widening they would fall like width^-1/2, q.k ~ sqrt(d) scaled 1/d)."""
+    trained = {k: v for k, v in s.items() if "@0" not in k}
+    at_init = {k: v for k, v in s.items() if "@0" in k and k != "logits@0"}
     assert all(abs(v) < FLAT for v in trained.values()), trained
     assert all(abs(v) < FLAT for v in at_init.values()), at_init
     assert s["logits@0"] == pytest.approx(-0.5, abs=0.15)
-    assert s["b0.scores@0"] == pytest.approx(-0.5, abs=0.15) and s["b1.scores@0"] == pytest.approx(-0.5, abs=0.15)
 
 
 def test_coordinate_check_adam(text_bytes):
@@ -278,10 +356,26 @@ def test_coordinate_check_muon(text_bytes):
      r"^invalid mup.base_width=64: larger than n_embd=32; .*use a base_width <= 32\)$"),
     ({"parametrization": "mup"}, r"^invalid mup.base_width=None: parametrization=mup needs .*base_width=64$"),
     ({"parametrization": "mup", "mup": {"base_width": 6}},
-     r"^invalid mup.base_width=6: must be divisible by n_head=4"),
+     r"^invalid mup.base_width=6: must be divisible by n_head=4 \(n_head counts the base model's heads; or set "
+     r"model.mup.head_dim\)$"),
+    ({"parametrization": "mup", "mup": {"base_width": 6, "width_grows": "head_size"}},
+     r"^invalid mup.base_width=6: must be divisible by n_head=4 \(the base model keeps the heads"),
+    ({"parametrization": "mup", "mup": {"base_width": 16, "head_dim": 12}},
+     r"^invalid n_embd=32: must be divisible by mup.head_dim=12 \(under mup the width grows by heads of that size; "
+     r"or set model.mup.width_grows=head_size\)$"),
+    ({"parametrization": "mup", "mup": {"base_width": 24, "head_dim": 16}},
+     r"^invalid mup.base_width=24: must be divisible by mup.head_dim=16"),
+    ({"parametrization": "mup", "mup": {"base_width": 8, "head_dim": 4}, "attention": {"name": "gqa", "n_kv_head": 4}},
+     r"^invalid mup.base_width=8: the base model \(n_embd=8\) is invalid: invalid attention.n_kv_head=4: must "
+     r"divide n_head=2"),
+    ({"parametrization": "mup", "mup": {"base_width": 16, "width_grows": "width"}},
+     r"^invalid mup.width_grows='width': choose one of heads, head_size$"),
+    ({"parametrization": "mup", "mup": {"base_width": 16, "init_std": 0}},
+     r"^invalid mup.init_std=0: expected a number > 0$"),
     ({"parametrization": "mup", "mup": {"base_width": 16}, "attention": {"name": "mla", "kv_latent_dim": 24}},
      r"^invalid mup.base_width=16: the base model \(n_embd=16\) is invalid: invalid attention.kv_latent_dim=24"),
-    ({"mup": {"base": 16}}, r"^invalid mup.base=16: unknown key; the only key is base_width$"),
+    ({"mup": {"base": 16}}, r"^invalid mup.base=16: unknown key; valid keys are base_width, width_grows, "
+                            r"head_dim, init_std, output_mult, attn_mult$"),
 ])
 def test_bad_parametrization_is_one_line(kwargs, match):
     with pytest.raises(ConfigError, match=match) as e:

@@ -85,6 +85,99 @@ def test_mup_groups_carry_the_lr_multipliers():
     assert [g["lr"] for g in mu.param_groups] == pytest.approx([1e-3, 1e-3, 1e-3 / math.sqrt(2)], rel=1e-15)
 
 
+def _mup(width, **kw) -> GPT:
+    """Base width 32 with 4 heads (head_dim 8), 2 layers, at `width`, untied head."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig(256, 32, 2, 4, width, tie_weights=False, parametrization="mup", mup={"base_width": 32},
+                         **kw))
+
+
+def _mu_adam(model, lr, wd) -> dict[int, tuple[float, float]]:
+    """MuAdam's (lr, weight_decay) per parameter, typed from microsoft/mup's optim.py: a matrix whose two
+    dimensions both grow with width (infshape.ninf() == 2) gets lr / width_mult and weight_decay * width_mult,
+    width_mult = fan_in / base fan_in; everything else lr and wd. (Vectors' wd 0 is our AdamW's grouping, not
+    MuAdam's.) The base shapes: the model at width 32."""
+    base = dict(_mup(32).named_parameters())
+    out = {}
+    for name, p in model.named_parameters():
+        b = base[name]
+        both = p.dim() == 2 and p.shape[0] != b.shape[0] and p.shape[1] != b.shape[1]
+        m = p.shape[1] / b.shape[1] if both else 1.0
+        out[id(p)] = (lr / m, wd * m if p.dim() >= 2 else 0.0)
+    return out
+
+
+@pytest.mark.parametrize("width", [64, 256])
+def test_mup_adamw_decay_is_muadams(width):
+    """Every parameter's lr and weight decay are MuAdam's (hidden matrices at width 256: lr / 8, wd * 8), so
+    lr * wd is the same at every width; and one AdamW step on zero gradients multiplies every decayed tensor by
+    exactly 1 - lr * wd = 1 - 1e-3 (decoupled decay alone), at both widths."""
+    model = _mup(width)
+    opt = build_optimizer(model, {"name": "adamw", "lr": 1e-2, "weight_decay": 0.1})
+    want = _mu_adam(model, 1e-2, 0.1)
+    got = {id(p): (g["lr"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
+    assert got.keys() == want.keys()
+    for k in got:
+        assert got[k] == pytest.approx(want[k], rel=1e-12)
+    assert any(w[0] == pytest.approx(1e-2 * 32 / width) for w in want.values())  # the rule was exercised
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        factor = 1 - 1e-3 if p.dim() >= 2 else 1.0
+        torch.testing.assert_close(p.detach(), before[n] * factor, atol=0, rtol=1e-6)
+
+
+def test_mup_muon_decay_keeps_lr_times_wd():
+    """Muon's matching rule: each block's decoupled decay is divided by its lr factor, so one step on zero
+    gradients (Newton-Schulz of zero is zero) multiplies every block of every hidden matrix by exactly
+    1 - lr * wd, at width 256 with MLA's fused blocks whose factors differ (0.25 and 0.125, see below)."""
+    model = _mup(256, attention="mla")
+    opt = build_optimizer(model, muon_cfg(lr=1e-2, weight_decay=0.1))
+    hidden = {id(p) for g in opt.muon.param_groups for p in g["params"]}
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in hidden}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.muon.step()
+    for n, p in model.named_parameters():
+        if id(p) in hidden:
+            torch.testing.assert_close(p.detach(), before[n] * (1 - 1e-3), atol=0, rtol=1e-6)
+
+
+def test_block_muon_applies_mla_block_factors_under_mup(monkeypatch):
+    """The lr BlockMuon hands PyTorch's Muon for each block of MLA's fused matrices under mup (issue 27: an
+    inverted factor went unnoticed). Width 128, base 32, 4 base heads of 8 (16 heads at 128), latent n_embd/2,
+    rotary width 4, lr 1e-2; factor sqrt(r_out / r_in) / sqrt(M) per block, by hand:
+        c_kv_down latent (64, 128), base (16, 32): sqrt(4 / 4) / sqrt(128 / 32) = 0.5     -> lr 5e-3
+        c_kv_down rotary (4, 128), base (4, 32):   sqrt(1 / 4) / sqrt(128 / 32) = 0.25    -> lr 2.5e-3
+        c_kv_up k and v (128, 64), base (32, 16):  sqrt(4 / 4) / sqrt(128 / 32) = 0.5     -> lr 5e-3 each
+        c_q (192, 128), base (48, 32):             0.5                                     -> lr 5e-3
+    and each block's decay 0.1 / factor."""
+    import torch.optim._muon as tmuon
+
+    calls = []
+    monkeypatch.setattr(tmuon, "muon", lambda params, grads, bufs, **kw: calls.append(
+        (params[0].data_ptr(), tuple(params[0].shape), kw["lr"], kw["weight_decay"])))
+    model = _mup(128, attention="mla")
+    opt = build_optimizer(model, muon_cfg(lr=1e-2, weight_decay=0.1)).muon
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    attn = model.blocks[0].attn
+    got = {}
+    for name, lin in (("c_kv_down", attn.c_kv_down), ("c_kv_up", attn.c_kv_up), ("c_q", attn.c_q)):
+        ptr, row = lin.weight.data_ptr(), lin.weight.stride(0) * lin.weight.element_size()
+        got[name] = [(shape, lr, wd) for p0, shape, lr, wd in calls if ptr <= p0 < ptr + row * lin.weight.shape[0]]
+    want = {"c_kv_down": [((64, 128), 5e-3, 0.2), ((4, 128), 2.5e-3, 0.4)],
+            "c_kv_up": [((128, 64), 5e-3, 0.2), ((128, 64), 5e-3, 0.2)],
+            "c_q": [((192, 128), 5e-3, 0.2)]}
+    for name, blocks in want.items():
+        assert [s for s, _, _ in got[name]] == [s for s, _, _ in blocks], name
+        assert [x for _, lr, wd in got[name] for x in (lr, wd)] == \
+            pytest.approx([x for _, lr, wd in blocks for x in (lr, wd)], rel=1e-12), name
+
+
 # ------------------------------------------------------------------------------------------ Muon's update
 @pytest.mark.parametrize("shape", [(64, 32), (32, 96)])
 def test_muon_update_is_orthogonalised(shape):
@@ -288,4 +381,4 @@ def test_run_params_name_every_group():
     assert p["optimizer.group.0"] == "adamw embedding: 2 tensors, 9216 params, lr 0.004 (x1), weight_decay 0.1"
     assert p["optimizer.group.1"] == "adamw vector: 5 tensors, 160 params, lr 0.004 (x1), weight_decay 0"
     assert p["optimizer.group.2"] == ("muon hidden_matrix: 8 tensors, 24576 params, lr 0.002828 (x0.7071), "
-                                      "weight_decay 0.1")
+                                      "weight_decay 0.141421")  # 0.1 / 0.7071: lr * wd as at the base width
