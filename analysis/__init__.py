@@ -1,14 +1,16 @@
 """Analysis of ablation runs: reads MLflow only (never the training code), so it works on a copied store too.
 
-Main entry points: `python -m analysis.report <experiment-or-filter>`; in Python, `analysis.prepare()` (runs,
-per-variant table, colours, histories), the figure functions `quality_figure` / `loss_curves_figure`, and
-`pareto_front` / `welch`. Names are imported lazily (so `python -m analysis.report` runs cleanly).
+Main entry points: `python -m analysis.report <experiment-or-filter>`; in Python, `analysis.prepare()` (the loaded
+report context: runs, per-variant table, colours, histories), the figure functions `quality_figure` /
+`loss_curves_figure`, and `pareto_front` / `welch`. Every report is a kind (a list of sections) built over one
+`Context` (analysis/engine.py). Names are imported lazily (so `python -m analysis.report` runs cleanly).
 """
 from importlib import import_module
 
 _NAMES = {
+    "analysis.engine": ("Context", "Kind", "section"),
     "analysis.plots": ("loss_curves_figure", "quality_figure", "save_figure", "variant_styles"),
-    "analysis.report": ("Prepared", "build_report", "left_out_markdown", "prepare", "summary_markdown"),
+    "analysis.report": ("build_report", "left_out_markdown", "prepare", "summary_markdown"),
     "analysis.stats": ("pareto_front", "variant_table", "welch"),
     "analysis.store": ("AnalysisError", "RunSet", "curves", "load_runs", "metric_histories", "resolve_tracking_uri",
                        "split_runs", "variant_labels"),

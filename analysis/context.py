@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.document import p_text
-from analysis.plots import save_figure, variant_styles
+from analysis.document import mean_std, p_text, signed_ascii
+from analysis.engine import section
+from analysis.plots import variant_styles
 from analysis.stats import holm, welch
 from analysis.store import _client
 
@@ -143,12 +143,6 @@ def _legend(fig, axes):
 
 
 # ---------------------------------------------------------------- tables
-def _ms(mean, std, n) -> str:
-    if not np.isfinite(mean):
-        return "n/a"
-    return f"{mean:.4f}" if n < 2 or not np.isfinite(std) else f"{mean:.4f} ± {std:.4f}"
-
-
 def bpb_rows(frame: pd.DataFrame, mode: str, arms: list[str]):
     s = summary(frame)
     s = s[s["mode"] == mode]
@@ -158,7 +152,7 @@ def bpb_rows(frame: pd.DataFrame, mode: str, arms: list[str]):
         d = s[s["arm"] == arm].set_index("context")
         if len(d):
             rows.append([f"`{arm}`", str(int(d["n"].max()))] + [
-                _ms(d.loc[c, "mean"], d.loc[c, "std"], d.loc[c, "n"]) if c in d.index else "—" for c in contexts])
+                mean_std(d.loc[c, "mean"], d.loc[c, "std"]) if c in d.index else "—" for c in contexts])
     return ["arm", "seeds"] + [f"bpb@{c}" for c in contexts], rows
 
 
@@ -185,10 +179,11 @@ def degradation_rows(frame: pd.DataFrame, mode: str, arms: list[str]):
             if len(diff) == 0:
                 cells.append("—")
             elif len(diff) == 1:
-                cells.append(f"{diff[0]:+.4f}")
+                cells.append(signed_ascii(diff[0]))
             else:
                 half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / math.sqrt(len(diff))
-                cells.append(f"{diff.mean():+.4f} [{diff.mean() - half:+.4f}, {diff.mean() + half:+.4f}]")
+                m = diff.mean()
+                cells.append(f"{signed_ascii(m)} [{signed_ascii(m - half)}, {signed_ascii(m + half)}]")
         rows.append([f"`{arm}`"] + cells)
     return ["arm"] + [f"bpb@{c} − bpb@{c0} [95% CI]" for c in contexts[1:]], rows
 
@@ -206,36 +201,26 @@ def ranking_rows(frame: pd.DataFrame, mode: str, arms: list[str]):
         adj = holm([t["p_value"] for t in tests]) if tests else []
         rows.append([str(c), f"`{best}`", f"{np.mean(vals[best]):.4f}", "best", "", ""])
         for a, t, p in zip(ranked[1:], tests, adj):
-            ci = "n/a" if not np.isfinite(t["ci_low"]) else f"[{t['ci_low']:+.4f}, {t['ci_high']:+.4f}]"
-            rows.append(["", f"`{a}`", f"{np.mean(vals[a]):.4f}", f"{t['delta']:+.4f} {ci}", p_text(t["p_value"]), p_text(p)])
+            ci = "n/a" if not np.isfinite(t["ci_low"]) else f"[{signed_ascii(t['ci_low'])}, {signed_ascii(t['ci_high'])}]"
+            rows.append(["", f"`{a}`", f"{np.mean(vals[a]):.4f}", f"{signed_ascii(t['delta'])} {ci}", p_text(t["p_value"]),
+                         p_text(p)])
     return ["context", "arm", "mean bpb", "Δ vs best [95% Welch CI]", "p (Welch)", "p (Holm)"], rows
 
 
 # ---------------------------------------------------------------- the section
-def insert_section(blocks: list, out: Path, included: pd.DataFrame, variants: list[str], labels: dict,
-                   tracking_uri: str, formats, files: list) -> list:
-    """Write the context figures and context.csv into `out` and return `blocks` with the section inserted before
-    the loss curves; unchanged (and stale files removed) when no run has evaluations."""
-    out = Path(out)
-    for name in FIGURES:
-        for ext in ("png", "svg", "pdf"):
-            (out / "figures" / f"{name}.{ext}").unlink(missing_ok=True)
-    (out / CSV).unlink(missing_ok=True)
-    frame = load(included, labels, tracking_uri) if len(included) else pd.DataFrame(columns=COLUMNS)
+@section("context_length")
+def context_section(ctx) -> list:
+    """The context-length section with its figures and context.csv; nothing when no run has evaluations."""
+    included = ctx.included
+    frame = load(included, ctx.labels, ctx.tracking_uri) if len(included) else pd.DataFrame(columns=COLUMNS)
     if frame.empty:
-        return blocks
+        return []
     frame = frame.sort_values(["mode", "arm", "context", "seed", "run_id"]).reset_index(drop=True)
-    arms = arm_order(frame, variants, labels)
+    arms = arm_order(frame, ctx.variants, ctx.labels)
     styles = variant_styles(arms)
-    paths = {}
-    for name, fig in (("bpb_vs_context", context_figure(frame, arms, styles)),
-                      ("bpb_vs_kv_cache_at_context", kv_figure(frame, arms, styles))):
-        for ext in formats:
-            files.append(save_figure(fig, out / "figures" / f"{name}.{ext}"))
-        paths[name] = f"figures/{name}.{formats[0]}"
-    (out / CSV).write_text(frame.to_csv(index=False, lineterminator="\n"), encoding="utf-8", newline="\n")
-    files.append(out / CSV)
-
+    paths = {"bpb_vs_context": ctx.figure(context_figure(frame, arms, styles), "bpb_vs_context"),
+             "bpb_vs_kv_cache_at_context": ctx.figure(kv_figure(frame, arms, styles), "bpb_vs_kv_cache_at_context")}
+    ctx.write(CSV, frame.to_csv(index=False, lineterminator="\n"))
     b = [("h2", "Context length"),
          ("p", "Each run's final checkpoint scored on the validation split at each evaluation context by "
                "`python -m ablations.evaluate` (metrics `eval/<mode>/bpb` at step = context). *Non-overlapping*: "
@@ -260,7 +245,4 @@ def insert_section(blocks: list, out: Path, included: pd.DataFrame, variants: li
         b.append(("p", f"Ranking at each context ({MODE_TITLES[mode]}): each arm against the best one."))
         b.append(("table", *ranking_rows(frame, mode, arms)))
     b.append(("p", f"Machine-readable: `{CSV}` (one row per run, mode, scaling and context)."))
-    at = next((i for i, blk in enumerate(blocks) if blk[:2] == ("h2", "Loss curves")), None)
-    if at is None:
-        at = next((i for i, blk in enumerate(blocks) if blk[:2] == ("h2", "Provenance")), len(blocks))
-    return blocks[:at] + b + blocks[at:]
+    return b

@@ -1,7 +1,8 @@
 """The reports' document model (a list of blocks rendered to Markdown and HTML) and the number formats every
-report shares, so that one number prints the same wherever it appears.
+report shares, so that one number prints the same wherever it appears. No other module of analysis/ defines a
+number format: they all call these.
 
-Blocks: ("h1" | "h2", text), ("p", text), ("ul", [items]), ("code", text), ("img", alt, path),
+Blocks: ("h1" | "h2" | "h3", text), ("p", text), ("ul", [items]), ("code", text), ("img", alt, path),
 ("table", headers, rows). Inline Markdown in text: `code`, **bold**, [link](#anchor).
 """
 from __future__ import annotations
@@ -10,6 +11,74 @@ import html
 import re
 
 import numpy as np
+
+
+MINUS = "−"  # U+2212: signed numbers in verdict tables line up with their plus signs
+
+
+def _finite(v) -> bool:
+    return v is not None and bool(np.isfinite(v))
+
+
+def fixed(v: float, digits: int = 4, inf: str = "n/a") -> str:
+    """A number at fixed decimals (losses, bpb: 4); `inf` for +infinity (e.g. "inf (diverged)"), n/a otherwise."""
+    if v is not None and v == np.inf:
+        return inf
+    return f"{v:.{digits}f}" if _finite(v) else "n/a"
+
+
+def signed(v: float, digits: int = 4) -> str:
+    """A difference with its sign, the minus typographic: +0.0123, −0.0456."""
+    return "n/a" if not _finite(v) else ("+" if v >= 0 else MINUS) + f"{abs(v):.{digits}f}"
+
+
+def signed_ascii(v: float, digits: int = 4) -> str:
+    """A difference with an ASCII sign (+0.0123, -0.0456): the context-length and floor tables print these."""
+    return f"{v:+.{digits}f}"
+
+
+def ci_text(lo: float, hi: float, digits: int = 4) -> str:
+    """A confidence interval of a difference: [−0.0533, +0.0339]; n/a when undefined."""
+    return "n/a" if not _finite(lo) else f"[{signed(lo, digits)}, {signed(hi, digits)}]"
+
+
+def mean_std(mean: float, std: float, digits: int = 4) -> str:
+    """mean ± std over seeds; the mean alone when the std is undefined (one seed)."""
+    return fixed(mean, digits) + ("" if not _finite(std) else f" ± {fixed(std, digits)}")
+
+
+def value(v: float, kind: str) -> str:
+    """A per-variant metric by kind: loss (4 decimals), pct (MFU), int (counts, bytes), rate (3 significant digits
+    below 10, one decimal below 1000, thousands separators above)."""
+    if not _finite(v):
+        return "n/a"
+    if kind == "loss":
+        return f"{v:.4f}"
+    if kind == "pct":
+        return f"{100 * v:.2f}%" if abs(v) >= 0.001 else f"{100 * v:.2g}%"
+    if kind == "int" or abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+def signed_value(v: float, kind: str) -> str:
+    s = value(abs(v), kind)
+    return s if s == "n/a" else ("+" if v >= 0 else MINUS) + s
+
+
+def lr_text(x: float) -> str:
+    """A learning rate: 3 significant digits, scientific below 1e-3."""
+    return f"{x:.3g}" if x >= 1e-3 else f"{x:.2e}"
+
+
+def run_counts(values) -> list[str]:
+    """"`value`: n run(s)" per distinct value (sorted), for provenance lists."""
+    counts: dict = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return [f"`{k}`: {n} run{'s' if n != 1 else ''}" for k, n in sorted(counts.items())]
 
 
 def p_text(p: float) -> str:
@@ -27,6 +96,15 @@ def fit_param(row, name: str) -> str:
     flags = [f for f in str(row.get("not_identifiable") or "").split("; ") if f]
     mine = [f for f in flags if f.startswith(f"{name} at bound")] if name != "A" else flags
     return f"not identifiable ({'; '.join(mine)})" if mine else sci(row[name])
+
+
+def multiplier_text(row) -> str:
+    """A scaling table row's compute multiplier with its bootstrap CI (baseline, ∞, or why there is none)."""
+    if row["is_baseline"]:
+        return "baseline"
+    if np.isfinite(row["multiplier"]) or row["multiplier"] == np.inf:
+        return f"{sci(row['multiplier'])} [{sci(row['multiplier_ci_low'])}, {sci(row['multiplier_ci_high'])}]"
+    return "n/a (baseline law not identifiable)"
 
 
 def identifiability_blocks(table) -> list:
@@ -59,14 +137,15 @@ def _md_inline_to_html(text: str) -> str:
     return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
 
 
+HEADINGS = {"h1": 1, "h2": 2, "h3": 3}
+
+
 def render_markdown(blocks) -> str:
     parts = []
     for b in blocks:
         kind = b[0]
-        if kind == "h1":
-            parts.append(f"# {b[1]}")
-        elif kind == "h2":
-            parts.append(f"## {b[1]}")
+        if kind in HEADINGS:
+            parts.append(f"{'#' * HEADINGS[kind]} {b[1]}")
         elif kind == "p":
             parts.append(b[1])
         elif kind == "ul":
@@ -94,7 +173,7 @@ def render_html(blocks, title: str) -> str:
              f"<title>{html.escape(title)}</title>", f"<style>{CSS}</style>", "</head>", "<body>"]
     for b in blocks:
         kind = b[0]
-        if kind in ("h1", "h2"):
+        if kind in HEADINGS:
             anchor = re.sub(r"[^a-z0-9]+", "-", b[1].lower()).strip("-")
             parts.append(f'<{kind} id="{anchor}">{_md_inline_to_html(b[1])}</{kind}>')
         elif kind == "p":

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .document import fixed, lr_text
+from .engine import Context, Kind, build as build_kind, section
 from .store import AnalysisError, display_uri, resolve_tracking_uri, search_runs
 
 EXPERIMENT = "lr-transfer"
@@ -194,15 +196,11 @@ def least_span(t: pd.DataFrame) -> int:
     return int(max(0, max(lo) - min(hi)))
 
 
-def _lr(x: float) -> str:
-    return f"{x:.3g}" if x >= 1e-3 else f"{x:.2e}"
-
-
 def statement(t: pd.DataFrame, span: int, least: int, verdict: str) -> str:
     """The plain sentence for one panel (t: its optima sorted by width)."""
     o, p = (LABELS.get(t[k].iloc[0], t[k].iloc[0]) for k in ("optimizer", "parametrization"))
     w0, w1 = int(t["width"].iloc[0]), int(t["width"].iloc[-1])
-    lrs = ", ".join(f"{_lr(r.best_lr)} (w{r.width})" for r in t.itertuples())
+    lrs = ", ".join(f"{lr_text(r.best_lr)} (w{r.width})" for r in t.itertuples())
     shift = int(t["step"].iloc[-1] - t["step"].iloc[0])
     move = "did not move" if shift == 0 else f"moved {abs(shift)} grid step{'s' * (abs(shift) != 1)} " \
                                               f"{'up' if shift > 0 else 'down'}"
@@ -265,13 +263,9 @@ def figure(cur: pd.DataFrame, opt: pd.DataFrame):
 
 
 # ------------------------------------------------------------------------------------------------ report
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def _f(x: float, nd: int = 3) -> str:
-    return "inf (diverged)" if x == math.inf else ("n/a" if not math.isfinite(x) else f"{x:.{nd}f}")
+def _f(x: float) -> str:
+    """A loss of this report: 3 decimals, a diverged lr's infinite mean named."""
+    return fixed(x, 3, inf="inf (diverged)")
 
 
 def optima_rows(opt: pd.DataFrame, tr: pd.DataFrame) -> list[list[str]]:
@@ -280,7 +274,7 @@ def optima_rows(opt: pd.DataFrame, tr: pd.DataFrame) -> list[list[str]]:
         for r in opt[(opt["optimizer"] == t.optimizer) & (opt["parametrization"] == t.parametrization)] \
                 .sort_values("width").itertuples():
             rows.append([LABELS.get(r.optimizer, r.optimizer), LABELS.get(r.parametrization, r.parametrization),
-                         str(r.width), _lr(r.best_lr), f"{math.log2(r.best_lr):.1f}", str(r.step),
+                         str(r.width), lr_text(r.best_lr), f"{math.log2(r.best_lr):.1f}", str(r.step),
                          "yes" if r.interior else "**edge**", _f(r.loss), _f(r.spread), str(r.seeds), _f(r.gap)])
     return rows
 
@@ -303,7 +297,7 @@ def grid_rows(cur: pd.DataFrame, o: str, p: str) -> tuple[list[str], list[list[s
             x = g[g["width"] == w]
             cells.append("—" if x.empty else _f(x["mean"].iloc[0]) if not math.isfinite(x["mean"].iloc[0]) else
                          f"{x['mean'].iloc[0]:.3f} [{x['lo'].iloc[0]:.3f}, {x['hi'].iloc[0]:.3f}]")
-        rows.append([_lr(lr), *cells])
+        rows.append([lr_text(lr), *cells])
     return ["lr", *[f"width {w}" for w in widths]], rows
 
 
@@ -327,19 +321,19 @@ def _design_lines(study: Study, cur: pd.DataFrame) -> list[str]:
     pts = study.points
     commits = sorted(set(pts["commit"]))
     dirty = sorted(set(pts["dirty"]))
-    lines = [f"- Runs: **{len(pts)}** counted ({int(pts['diverged'].sum())} diverged), {len(study.left_out)} left "
+    lines = [f"Runs: **{len(pts)}** counted ({int(pts['diverged'].sum())} diverged), {len(study.left_out)} left "
              f"out (listed at the end), from MLflow experiment `{study.experiment}`.",
-             f"- Code: git commit{'s' * (len(commits) != 1)} " + ", ".join(f"`{c}`" for c in commits)
+             f"Code: git commit{'s' * (len(commits) != 1)} " + ", ".join(f"`{c}`" for c in commits)
              + f" (working tree dirty: {', '.join(dirty)}).",
-             f"- Widths (n_embd): {', '.join(str(w) for w in sorted(pts['width'].unique()))}; seeds: "
+             f"Widths (n_embd): {', '.join(str(w) for w in sorted(pts['width'].unique()))}; seeds: "
              f"{', '.join(str(s) for s in sorted(pts['seed'].unique()))}."]
     for o in _order(cur["optimizer"], OPTIMIZERS):
         grid = sorted(cur.loc[cur["optimizer"] == o, "lr"].unique())
         ratios = sorted({round(b / a, 3) for a, b in zip(grid, grid[1:])})
-        lines.append(f"- lr grid for {LABELS.get(o, o)}: " + ", ".join(_lr(x) for x in grid)
+        lines.append(f"lr grid for {LABELS.get(o, o)}: " + ", ".join(lr_text(x) for x in grid)
                      + f" (log2 {math.log2(grid[0]):.0f} to {math.log2(grid[-1]):.0f}; step ratio "
                      + ", ".join(f"{r:g}" for r in ratios) + ").")
-    lines.append("- Shared settings (MLflow params): " + ", ".join(f"`{k}={v}`" for k, v in study.design.items())
+    lines.append("Shared settings (MLflow params): " + ", ".join(f"`{k}={v}`" for k, v in study.design.items())
                  + ".")
     return lines
 
@@ -354,60 +348,80 @@ def base_check(study: Study) -> list[str]:
     if not {"sp", "mup"} <= set(pair.columns) or pair.dropna().empty:
         return []
     d = (pair["mup"] - pair["sp"]).abs().dropna()
-    return [f"- Check: at width {base}, μP's base width (where μP is SP), μP and SP runs of the same optimizer, lr "
+    return [f"Check: at width {base}, μP's base width (where μP is SP), μP and SP runs of the same optimizer, lr "
             f"and seed differ by at most {d.max():.2e} in final val loss ({len(d)} pairs)."]
 
 
-def index_markdown(study: Study, cur: pd.DataFrame, opt: pd.DataFrame, tr: pd.DataFrame, command: str) -> str:
-    out = ["# Learning-rate transfer across width: SP and μP, AdamW and Muon", "",
-           f"Generated by `{command}` from the MLflow store (committed compactly as `mlflow.db.gz` beside this file; "
-           f"`scripts/lr_transfer.sh --report` regenerates this page byte for byte). Do not edit by hand.", "",
-           "## Setting", "", *_design_lines(study, cur), "",
-           "## Result", ""]
-    out += [f"- {t.statement}" for t in tr.itertuples()]
-    out += base_check(study)
-    out += ["", f"![final val loss against lr per width]({FIGURE})", "",
-            f"Transfer criterion (fixed before the runs): **held** when at every width the best lr (lowest mean over "
-            f"seeds) is interior to the grid and the best lrs of all widths span at most {MAX_SHIFT} grid step; "
-            f"**failed** when even the least span the data allow (an optimum at the grid's edge may lie beyond it) "
-            f"exceeds {MAX_SHIFT} step; otherwise **not established**. Shift: the "
-            f"best lr's grid position at the widest minus at the narrowest width (+ = the wide model wants a "
-            f"larger lr). The seed range at the optimum (max - min over seeds) is the noise a shift competes with: "
-            f"where the gap to the next-best lr is below it, the optimum's position is uncertain by a step.", "",
-            _table(["optimizer", "parametrization", "widths", "shift (steps)", "span (steps)", "least span",
-                    "all interior", "max seed range at optimum", "transfer"], transfer_rows(tr)), "",
-            "### Best lr per width", "",
-            _table(["optimizer", "param.", "width", "best lr", "log2 lr", "grid step", "interior",
-                    "mean loss", "seed range", "seeds", "gap to next-best lr"], optima_rows(opt, tr)), "",
-            "## Final val loss at every grid point", "",
-            "Mean [min, max] over seeds, nats per token.", ""]
+def load_lr_transfer(ctx: Context) -> None:
+    """The study's points, left-out runs and design (`ctx.study`)."""
+    ctx.study = load_study(ctx.tracking_uri, ctx.query)
+
+
+def analysed(ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(curves, optima, transfer) of the study, computed once per report (`ctx.once(analysed)`)."""
+    cur = curves(ctx.study.points)
+    opt = optima(cur)
+    return cur, opt, transfer(opt)
+
+
+@section("lr.setting")
+def setting_section(ctx: Context) -> list:
+    args = ["python", "-m", "analysis.lr_transfer", "--tracking-uri", display_uri(ctx.study.uri), "--out",
+            str(ctx.out)] + (["--experiment", ctx.query] if ctx.query != EXPERIMENT else [])
+    command = " ".join(shlex.quote(a) for a in args)
+    return [("h1", "Learning-rate transfer across width: SP and μP, AdamW and Muon"),
+            ("p", f"Generated by `{command}` from the MLflow store (committed compactly as `mlflow.db.gz` beside "
+                  "this file; `scripts/lr_transfer.sh --report` regenerates this page byte for byte). Do not edit "
+                  "by hand."),
+            ("h2", "Setting"), ("ul", _design_lines(ctx.study, ctx.once(analysed)[0]))]
+
+
+@section("lr.result")
+def result_section(ctx: Context) -> list:
+    cur, opt, tr = ctx.once(analysed)
+    path = ctx.figure(figure(cur, opt), Path(FIGURE).stem, folder="")
+    return [("h2", "Result"), ("ul", [t.statement for t in tr.itertuples()] + base_check(ctx.study)),
+            ("img", "final val loss against lr per width", path),
+            ("p", f"Transfer criterion (fixed before the runs): **held** when at every width the best lr (lowest "
+                  f"mean over seeds) is interior to the grid and the best lrs of all widths span at most {MAX_SHIFT} "
+                  f"grid step; **failed** when even the least span the data allow (an optimum at the grid's edge "
+                  f"may lie beyond it) exceeds {MAX_SHIFT} step; otherwise **not established**. Shift: the best "
+                  "lr's grid position at the widest minus at the narrowest width (+ = the wide model wants a larger "
+                  "lr). The seed range at the optimum (max - min over seeds) is the noise a shift competes with: "
+                  "where the gap to the next-best lr is below it, the optimum's position is uncertain by a step."),
+            ("table", ["optimizer", "parametrization", "widths", "shift (steps)", "span (steps)", "least span",
+                       "all interior", "max seed range at optimum", "transfer"], transfer_rows(tr)),
+            ("h3", "Best lr per width"),
+            ("table", ["optimizer", "param.", "width", "best lr", "log2 lr", "grid step", "interior", "mean loss",
+                       "seed range", "seeds", "gap to next-best lr"], optima_rows(opt, tr))]
+
+
+@section("lr.grid")
+def grid_section(ctx: Context) -> list:
+    b: list = [("h2", "Final val loss at every grid point"), ("p", "Mean [min, max] over seeds, nats per token.")]
+    cur, _, tr = ctx.once(analysed)
     for t in tr.itertuples():
-        h, r = grid_rows(cur, t.optimizer, t.parametrization)
-        out += [f"### {LABELS.get(t.optimizer, t.optimizer)}, {LABELS.get(t.parametrization, t.parametrization)}",
-                "", _table(h, r), ""]
-    out += ["## Time", "", *timing_lines(study), "", "## Left out", ""]
-    lo = study.left_out
-    out += ([_table(["run", "reason"], [[r.run_id, r.reason] for r in lo.itertuples()])] if len(lo) else ["None."])
-    return "\n".join(out) + "\n"
+        b.append(("h3", f"{LABELS.get(t.optimizer, t.optimizer)}, {LABELS.get(t.parametrization, t.parametrization)}"))
+        b.append(("table", *grid_rows(cur, t.optimizer, t.parametrization)))
+    return b
+
+
+@section("lr.time")
+def time_section(ctx: Context) -> list:
+    lo = ctx.study.left_out
+    return [("h2", "Time"), *[("p", line) for line in timing_lines(ctx.study)], ("h2", "Left out"),
+            ("table", ["run", "reason"], [[r.run_id, r.reason] for r in lo.itertuples()]) if len(lo) else
+            ("p", "None.")]
+
+
+LR_TRANSFER = Kind("lr-transfer", load_lr_transfer, lambda ctx: "Learning-rate transfer across width",
+                   ("lr.setting", "lr.result", "lr.grid", "lr.time"), files=("index.md", FIGURE), html=False)
 
 
 def build(out: str | Path, tracking_uri: str | None = None, experiment: str = EXPERIMENT) -> list[Path]:
     """Write index.md and the figure into `out`; returns the paths written."""
-    from .plots import save_figure
-
-    study = load_study(tracking_uri, experiment)
-    cur = curves(study.points)
-    opt = optima(cur)
-    tr = transfer(opt)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    fig = save_figure(figure(cur, opt), out / FIGURE)
-    args = ["python", "-m", "analysis.lr_transfer", "--tracking-uri", display_uri(study.uri), "--out", str(out)]
-    if experiment != EXPERIMENT:
-        args += ["--experiment", experiment]
-    index = out / "index.md"
-    index.write_text(index_markdown(study, cur, opt, tr, " ".join(shlex.quote(a) for a in args)))
-    return [index, fig]
+    ctx = Context(out=Path(out), query=experiment, tracking_uri=tracking_uri, formats=(Path(FIGURE).suffix[1:],))
+    return build_kind(LR_TRANSFER, ctx).files
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,17 +22,18 @@
 from __future__ import annotations
 
 import math
-import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from analysis import scaling
-from analysis.document import fit_param, identifiability_blocks, margin_text, p_text, render_html, render_markdown, sci
-from analysis.floor import FLOOR_COMMAND, Floor, floor_blocks, floor_for_runs, headline
-from analysis.paired import UNPAIRED, paired_blocks
+from analysis import common, scaling  # noqa: F401  (common: the shared sections register)
+from analysis.document import (ci_text, fit_param, fixed, identifiability_blocks, margin_text, mean_std,
+                               multiplier_text, p_text, run_counts, sci, signed)
+from analysis.engine import Context, Kind, section
+from analysis.floor import floor_for_runs, headline
+from analysis.paired import UNPAIRED
+from analysis.plots import scaling_figure, variant_styles
 from analysis.store import AnalysisError, RunSet, display_uri
 from analysis.verdict import VERDICT_METRIC, WIDE_MARGIN, Margin, compare_pairs, resolve_margin
 
@@ -273,16 +274,13 @@ class ScalingResult:
     fits: dict = field(default_factory=dict)
 
 
-def run_compute(runs: pd.DataFrame) -> pd.Series:
-    """Compute a run spent: its `flops_seen` at the last step, else flops_per_token x the last tokens_seen."""
-    fallback = runs["flops_per_token"].astype(float) * runs["tokens_seen"].astype(float)
-    return runs["flops_seen"].astype(float).where(np.isfinite(runs["flops_seen"].astype(float)), fallback)
-
-
-def scaling_section(p: ProtocolRuns) -> ScalingResult:
+def scaling_of(ctx: Context) -> ScalingResult:
+    """Points (seeds stage, compute spent: analysis.scaling.run_compute), means per (arm, size), and the fits when
+    the baseline has seeds at >= 3 compute values."""
+    p = ctx.protocol
     s = p.seeds
     points = pd.DataFrame({"arm": s["verdict.arm"], "size": s["verdict.size"], "seed": s["seed"],
-                           "compute": run_compute(s), SCALING_METRIC: s[SCALING_METRIC].astype(float)})
+                           "compute": scaling.run_compute(s), SCALING_METRIC: s[SCALING_METRIC].astype(float)})
     missing = int((~np.isfinite(points["compute"])).sum())
     points = points[np.isfinite(points["compute"])].reset_index(drop=True)
     means = points.groupby(["arm", "size"]).agg(n=(SCALING_METRIC, "size"), compute=("compute", "mean"),
@@ -301,92 +299,34 @@ def scaling_section(p: ProtocolRuns) -> ScalingResult:
 
 
 # ---------------------------------------------------------------------------------------------------- the report
-@dataclass
-class ProtocolReport:
-    out: Path
-    runset: RunSet
-    protocol: ProtocolRuns
-    verdicts: pd.DataFrame
-    margin: Margin
-    scaling: ScalingResult
-    floor: "Floor | None" = None
-    files: list = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if len(self.protocol.seeds) or len(self.protocol.lr) else 1
-
-    def summary_lines(self) -> list[str]:
-        p = self.protocol
-        lines = [f"protocol report for {self.runset.description} (protocol `{p.name}`): {len(p.seeds)} seeds-stage "
-                 f"and {len(p.lr)} lr-stage runs, {len(p.arms)} arms x {len(p.sizes)} sizes -> "
-                 f"{self.out / 'index.md'}"]
-        lines.append(f"verdicts on {VERDICT_METRIC}: equivalence margin {margin_text(self.margin.value)} bits/byte "
-                     f"({self.margin.source}); Holm family: {p.holm} ({p.holm_source})")
-        if self.floor is not None:
-            lines.append("n-gram floor (bpb by order): " + ", ".join(f"{n}: {v:.4f}" for n, v in self.floor.bpb.items()))
-        lines.append(f"scaling: {self.scaling.summary}")
-        return lines
-
-
-def build(runset: RunSet, out: str | Path, baseline: str | None = None, margin: float | None = None,
-          formats=("png",), paired: str | None = None, command_args: list | None = None) -> ProtocolReport:
-    """Write the protocol report into `out` (only its own files are replaced)."""
-    from analysis.paired import load_paired
-    from analysis.plots import save_figure, scaling_figure, variant_styles
-
-    p = select(runset, baseline)
-    paired_res = load_paired(paired) if paired else None
+def load_protocol(ctx: Context) -> None:
+    """The protocol's runs (`ctx.protocol`: stages, sizes, arms, the declared Holm family), its margin, the verdict
+    table (`ctx.table`) and the n-gram floor of the seeds' data."""
+    p = select(ctx.runset, ctx.given_baseline)
     try:
-        mg = resolve_margin(margin, p.seeds["verdict.margin"], p.seeds["verdict.margin_reason"])
+        ctx.margin = resolve_margin(ctx.given_margin, p.seeds["verdict.margin"], p.seeds["verdict.margin_reason"])
     except ValueError as exc:
         raise AnalysisError(str(exc)) from None
-    table = verdicts(p, mg)
-    sc = scaling_section(p)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    figdir = out / "figures"
-    for name in FILES:
-        (out / name).unlink(missing_ok=True)
-    for ext in ("png", "svg", "pdf"):
-        (figdir / f"{SCALING_FIGURE}.{ext}").unlink(missing_ok=True)
-    report = ProtocolReport(out, runset, p, table, mg, sc, floor_for_runs(runset.tracking_uri, p.seeds))
-
-    def write(name: str, text: str) -> None:
-        path = out / name
-        path.write_text(text, encoding="utf-8", newline="\n")
-        report.files.append(path)
-
-    figure = None
-    if sc.ok:
-        styles = variant_styles(p.arms)
-        fig = scaling_figure(sc.points, sc.fits, styles, SCALING_METRIC)
-        figdir.mkdir(parents=True, exist_ok=True)
-        for ext in formats:
-            report.files.append(save_figure(fig, figdir / f"{SCALING_FIGURE}.{ext}"))
-        figure = f"figures/{SCALING_FIGURE}.{formats[0]}"
-        write("scaling.csv", sc.table.to_csv(index=False, lineterminator="\n"))
-    if len(sc.points):
-        write("scaling_points.csv", sc.points.to_csv(index=False, lineterminator="\n"))
-    lrs, grid = lr_search(p)
-    write("verdicts.csv", table.to_csv(index=False, lineterminator="\n"))
-    write("lr_search.csv", lrs.to_csv(index=False, lineterminator="\n"))
-    runs = pd.concat([p.seeds, p.lr], ignore_index=True)
-    write("runs.csv", runs[[c for c in RUN_COLUMNS if c in runs.columns]].to_csv(index=False, lineterminator="\n"))
-    write("left_out.csv", p.left_out.to_csv(index=False, lineterminator="\n"))
-    blocks = _blocks(report, lrs, grid, figure, paired_res, paired, command_args or [])
-    write("index.md", render_markdown(blocks))
-    write("index.html", render_html(blocks, f"Verdict protocol report: {p.name}"))
-    report.files.sort()
-    return report
+    ctx.protocol, ctx.baseline = p, p.baseline
+    ctx.table = verdicts(p, ctx.margin)
+    ctx.left_out = p.left_out
+    ctx.floor = floor_for_runs(ctx.tracking_uri, p.seeds)
+    ctx.floor_arms = [(f"`{r['arm']}` at `{r['size']}`", float(r["mean"])) for _, r in ctx.table.iterrows()]
+    args = ["--filter", ctx.filter_string] if ctx.filter_string else []
+    args += ["--baseline", ctx.given_baseline] if ctx.given_baseline else []
+    args += ["--margin", f"{ctx.given_margin:g}"] if ctx.given_margin is not None else []
+    ctx.option_args = args + (["--paired", ctx.paired_path] if ctx.paired_path else [])
 
 
-def _f(v: float, digits: int = 4) -> str:
-    return "n/a" if v is None or not np.isfinite(v) else f"{v:.{digits}f}"
-
-
-def _signed(v: float, digits: int = 4) -> str:
-    return "n/a" if not np.isfinite(v) else ("+" if v >= 0 else "−") + f"{abs(v):.{digits}f}"
+def protocol_summary(ctx: Context) -> list[str]:
+    p = ctx.protocol
+    lines = [f"protocol report for {ctx.runset.description} (protocol `{p.name}`): {len(p.seeds)} seeds-stage "
+             f"and {len(p.lr)} lr-stage runs, {len(p.arms)} arms x {len(p.sizes)} sizes -> {ctx.out / 'index.md'}",
+             f"verdicts on {VERDICT_METRIC}: equivalence margin {margin_text(ctx.margin.value)} bits/byte "
+             f"({ctx.margin.source}); Holm family: {p.holm} ({p.holm_source})"]
+    if ctx.floor is not None:
+        lines.append("n-gram floor (bpb by order): " + ", ".join(f"{n}: {v:.4f}" for n, v in ctx.floor.bpb.items()))
+    return lines + [f"scaling: {ctx.once(scaling_of).summary}"]
 
 
 def _params_text(r) -> str:
@@ -400,11 +340,16 @@ def _params_text(r) -> str:
     return f"**differs**: {r['params']:,.0f} vs {r['params_baseline']:,.0f} ({100 * rel:+.1f}%)"
 
 
-def _blocks(rep: ProtocolReport, lrs: pd.DataFrame, grid: list, figure, paired_res, paired_path, command_args):
-    p, rs = rep.protocol, rep.runset
+@section("protocol.head")
+def head_section(ctx: Context) -> list:
+    p, rs = ctx.protocol, ctx.runset
     n_left = int((p.left_out["scope"] == "report").sum()) if len(p.left_out) else 0
     b: list = [("h1", f"Verdict protocol report: `{p.name}`")]
-    b.extend(_floor_headline(rep))
+    at = ctx.table[ctx.table["size"] == p.sizes[-1]] if len(ctx.table) else ctx.table
+    if len(at):
+        best = at.loc[at["mean"].idxmin()]
+        b.extend(headline(ctx.floor, float(best["mean"]), f"the best arm at the largest size (`{best['arm']}` at "
+                                                         f"`{best['size']}`)"))
     b.extend(_commit_headline(p))
     b.append(("p", f"MLflow tracking URI `{display_uri(rs.tracking_uri)}`; {rs.description}. Protocol `{p.name}` "
                    f"(`python -m sweeps.verdict`): **{len(p.arms)}** arms × **{len(p.sizes)}** sizes "
@@ -415,37 +360,7 @@ def _blocks(rep: ProtocolReport, lrs: pd.DataFrame, grid: list, figure, paired_r
     b.append(("p", "Only the **seeds** stage (every arm at its own best lr, seeds other than the lr search's) "
                    "enters the statistics; the lr-stage runs only choose the lr (the winner of a search is biased "
                    "low) and appear in the lr search table alone."))
-    b.extend(_verdict_blocks(rep))
-    b.extend(floor_blocks(rep.floor, _floor_arms(rep), FLOOR_COMMAND))
-    b.extend(_lr_blocks(p, lrs, grid))
-    b.extend(_scaling_blocks(p, rep.scaling, figure))
-    b.extend(_throughput_blocks(p))
-    b.extend(paired_blocks(paired_res, paired_path))
-    b.extend(_provenance_blocks(p, rs))
-    b.append(("h2", "Regenerate"))
-    b.append(("code", " ".join(shlex.quote(a) for a in ["python", "-m", "analysis.report", rs.query,
-                                                         "--tracking-uri", display_uri(rs.tracking_uri),
-                                                         *command_args]) + " --out DIR"))
     return b
-
-
-def _largest_means(rep: ProtocolReport) -> pd.DataFrame:
-    t = rep.verdicts
-    return t[t["size"] == rep.protocol.sizes[-1]] if len(t) else t
-
-
-def _floor_arms(rep: ProtocolReport) -> list[tuple[str, float]]:
-    """(label, mean val bpb) of every arm at every size, for the floor table."""
-    return [(f"`{r['arm']}` at `{r['size']}`", float(r["mean"])) for _, r in rep.verdicts.iterrows()]
-
-
-def _floor_headline(rep: ProtocolReport) -> list:
-    at = _largest_means(rep)
-    if not len(at):
-        return []
-    best = at.loc[at["mean"].idxmin()]
-    return headline(rep.floor, float(best["mean"]), f"the best arm at the largest size (`{best['arm']}` at "
-                                                    f"`{best['size']}`)")
 
 
 def _commit_headline(p: ProtocolRuns) -> list:
@@ -463,8 +378,8 @@ def _commit_headline(p: ProtocolRuns) -> list:
                   "here may have run different code (see [Provenance](#provenance)).")]
 
 
-def _margin_blocks(rep: ProtocolReport) -> list:
-    mg, t = rep.margin, rep.verdicts
+def _margin_blocks(ctx: Context) -> list:
+    mg, t = ctx.margin, ctx.table
     if not np.isfinite(mg.value):
         return [("p", f"Equivalence margin: {mg.source}.")]
     text = f"Equivalence margin m = {margin_text(mg.value)} bits/byte, {mg.source}"
@@ -480,8 +395,10 @@ def _margin_blocks(rep: ProtocolReport) -> list:
     return out
 
 
-def _verdict_blocks(rep: ProtocolReport) -> list:
-    p, table = rep.protocol, rep.verdicts
+@section("protocol.verdicts")
+def verdicts_section(ctx: Context) -> list:
+    p, table = ctx.protocol, ctx.table
+    ctx.write("verdicts.csv", table.to_csv(index=False, lineterminator="\n"))
     b: list = [("h2", "Verdicts per size")]
     b.append(("p", "Final val bpb (bits/byte, lower is better), mean ± std over seeds (ddof=1); Δ = arm − baseline "
                    "at the same size with its 95% Welch confidence interval (t-based, Welch-Satterthwaite df). "
@@ -493,17 +410,17 @@ def _verdict_blocks(rep: ProtocolReport) -> list:
                    "equivalence was shown (a non-significant p is not evidence of no difference). lr: the arm's "
                    "best lr (the seeds ran at it). params: whether the arm's parameter count differs from the "
                    "baseline's."))
-    b.extend(_margin_blocks(rep))
+    b.extend(_margin_blocks(ctx))
     fams = table.loc[table["verdict"] != "baseline"].groupby("holm_family", sort=True)["holm_family_size"].first()
     b.append(("p", f"Holm families ({p.holm_source}; `verdict.holm` = `{p.holm}`): "
                    + "; ".join(f"`{f}`: {n} comparison{'s' if n != 1 else ''}" for f, n in fams.items()) + "."))
     rows = []
     for _, r in table.iterrows():
         is_base = r["verdict"] == "baseline"
-        ci = "" if not np.isfinite(r["ci_low"]) else f" [{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
-        mean = _f(r["mean"]) + ("" if not np.isfinite(r["std"]) else f" ± {_f(r['std'])}")
+        ci = "" if not np.isfinite(r["ci_low"]) else " " + ci_text(r["ci_low"], r["ci_high"])
+        mean = mean_std(r["mean"], r["std"])
         rows.append([f"`{r['size']}`", r["family"], f"`{r['arm']}`", f"{r['n_seeds']} ({r['seeds'].replace(';', ', ')})",
-                     sci(r["lr"]), mean, "baseline" if is_base else _signed(r["delta"]) + ci,
+                     sci(r["lr"]), mean, "baseline" if is_base else signed(r["delta"]) + ci,
                      "" if is_base else p_text(r["p_welch"]), "" if is_base else p_text(r["p_holm"]),
                      "" if is_base else f"{r['holm_family']} ({r['holm_family_size']})",
                      "" if is_base else p_text(r["p_tost_holm"]),
@@ -533,17 +450,20 @@ def _tokens_text(r, table: pd.DataFrame) -> str:
     return f"{t:,.0f} tokens vs the baseline's {tb:,.0f}: {cost} FLOPs per token"
 
 
-def _provenance_blocks(p: ProtocolRuns, rs: RunSet) -> list:
-    b: list = [("h2", "Provenance")]
+@section("protocol.provenance")
+def provenance_section(ctx: Context) -> list:
+    p, rs = ctx.protocol, ctx.runset
     runs = pd.concat([p.seeds, p.lr], ignore_index=True)
+    ctx.write("runs.csv", runs[[c for c in RUN_COLUMNS if c in runs.columns]].to_csv(index=False, lineterminator="\n"))
+    ctx.write("left_out.csv", p.left_out.to_csv(index=False, lineterminator="\n"))
+    b: list = [("h2", "Provenance")]
     if len(runs):
         commits = runs["git_commit"].fillna("(not recorded)").astype(str) + np.where(
             runs["git_dirty"].astype(str).str.lower() == "true", " (dirty)", "")
         b.append(("p", "Git commits of the results:"))
-        b.append(("ul", [f"`{k}`: {n} run{'s' if n != 1 else ''}" for k, n in sorted(commits.value_counts().items())]))
-        fps = runs["data_fingerprint"].fillna("(not recorded)").astype(str)
+        b.append(("ul", run_counts(commits)))
         b.append(("p", "Data fingerprints:"))
-        b.append(("ul", [f"`{k}`: {n} run{'s' if n != 1 else ''}" for k, n in sorted(fps.value_counts().items())]))
+        b.append(("ul", run_counts(runs["data_fingerprint"].fillna("(not recorded)").astype(str))))
     b.append(("h2", "Left out"))
     if not len(p.left_out):
         b.append(("p", f"Nothing: all {len(rs.runs)} matched runs are finished protocol runs with the required "
@@ -555,7 +475,11 @@ def _provenance_blocks(p: ProtocolRuns, rs: RunSet) -> list:
     return b
 
 
-def _lr_blocks(p: ProtocolRuns, lrs: pd.DataFrame, grid: list) -> list:
+@section("protocol.lr")
+def lr_section(ctx: Context) -> list:
+    p = ctx.protocol
+    lrs, grid = lr_search(p)
+    ctx.write("lr_search.csv", lrs.to_csv(index=False, lineterminator="\n"))
     b: list = [("h2", "lr search")]
     if not len(lrs):
         b.append(("p", "No lr-stage runs."))
@@ -571,7 +495,7 @@ def _lr_blocks(p: ProtocolRuns, lrs: pd.DataFrame, grid: list) -> list:
         failed = {float(v) for v in str(r["failed"]).split(";") if v}
         for lr in grid:
             v = r[f"bpb@{lr:g}"]
-            cell = _f(v) if np.isfinite(v) else ("failed" if _lr_key(lr) in failed else "")
+            cell = fixed(v) if np.isfinite(v) else ("failed" if _lr_key(lr) in failed else "")
             if np.isfinite(r["chosen_lr"]) and _lr_key(lr) == r["chosen_lr"] and cell:
                 cell = f"**{cell}** ✓"
             cells.append(cell)
@@ -591,7 +515,11 @@ def _lr_blocks(p: ProtocolRuns, lrs: pd.DataFrame, grid: list) -> list:
     return b
 
 
-def _scaling_blocks(p: ProtocolRuns, sc: ScalingResult, figure) -> list:
+@section("protocol.scaling")
+def scaling_section(ctx: Context) -> list:
+    p, sc = ctx.protocol, ctx.once(scaling_of)
+    if len(sc.points):
+        ctx.write("scaling_points.csv", sc.points.to_csv(index=False, lineterminator="\n"))
     b: list = [("h2", "Scaling with compute")]
     if len(sc.means):
         rows = []
@@ -600,7 +528,7 @@ def _scaling_blocks(p: ProtocolRuns, sc: ScalingResult, figure) -> list:
                 m = sc.means[(sc.means["arm"] == arm) & (sc.means["size"] == size)]
                 if len(m):
                     r = m.iloc[0]
-                    loss = _f(r["loss"]) + ("" if not np.isfinite(r["loss_std"]) else f" ± {_f(r['loss_std'])}")
+                    loss = mean_std(r["loss"], r["loss_std"])
                     rows.append([f"`{arm}`", f"`{size}`", str(int(r["n"])), sci(r["compute"]), loss])
         b.append(("p", "Mean final val loss (nats/token) of the seeds against the compute each run spent (its "
                        "`flops_seen` at the last step: flops_per_token × tokens trained on, the budget actually "
@@ -609,6 +537,8 @@ def _scaling_blocks(p: ProtocolRuns, sc: ScalingResult, figure) -> list:
     if not sc.ok:
         b.append(("p", "Scaling fits: " + sc.summary + "."))
         return b
+    figure = ctx.figure(scaling_figure(sc.points, sc.fits, variant_styles(p.arms), SCALING_METRIC), SCALING_FIGURE)
+    ctx.write("scaling.csv", sc.table.to_csv(index=False, lineterminator="\n"))
     b.append(("p", "Fits of L(C) = E + A·C^−alpha per arm by least squares over every seed "
                    "(analysis/scaling.py). Compute multiplier: the compute the baseline's fitted law needs to "
                    "reach the arm's mean loss at the arm's largest compute, divided by that compute (> 1: the arm "
@@ -617,14 +547,11 @@ def _scaling_blocks(p: ProtocolRuns, sc: ScalingResult, figure) -> list:
     b.append(("img", "final val loss against compute with fitted laws (log-log)", figure))
     rows = []
     for _, r in sc.table.iterrows():
-        mult = "baseline" if r["is_baseline"] else (
-            f"{sci(r['multiplier'])} [{sci(r['multiplier_ci_low'])}, {sci(r['multiplier_ci_high'])}]"
-            if np.isfinite(r["multiplier"]) or r["multiplier"] == np.inf else "n/a (baseline law not identifiable)")
         test = "n/a" if not np.isfinite(r["E"]) else (
             "interpolates (not tested)" if r["n_levels"] <= 3 else f"{int(r['n_levels']) - 3} level(s) to spare")
         rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), fit_param(r, "E"),
                      fit_param(r, "A"),
-                     fit_param(r, "alpha"), test, sci(r["compute_top"]), _f(r["loss_top"]), mult])
+                     fit_param(r, "alpha"), test, sci(r["compute_top"]), fixed(r["loss_top"]), multiplier_text(r)])
     b.append(("table", ["arm", "runs", "compute levels", "E", "A", "alpha", "law", "largest compute (FLOPs)",
                         "mean loss there", "compute multiplier [95% CI]"], rows))
     exact = [r.arm for r in sc.table.itertuples() if np.isfinite(r.E) and r.n_levels <= 3]
@@ -639,7 +566,9 @@ def _scaling_blocks(p: ProtocolRuns, sc: ScalingResult, figure) -> list:
     return b
 
 
-def _throughput_blocks(p: ProtocolRuns) -> list:
+@section("protocol.throughput")
+def throughput_section(ctx: Context) -> list:
+    p = ctx.protocol
     b: list = [("h2", "Throughput per run (not paired)")]
     s = p.seeds
     if not len(s) or not np.isfinite(s["final_tokens_per_sec"].astype(float)).any():
@@ -658,3 +587,11 @@ def _throughput_blocks(p: ProtocolRuns) -> list:
                    "comparison. Paired figures: next section."))
     b.append(("table", ["size", "arm", "runs", f"tokens/s, median ({UNPAIRED})", "range"], rows))
     return b
+
+
+PROTOCOL = Kind("protocol", load_protocol, lambda ctx: f"Verdict protocol report: {ctx.protocol.name}",
+                ("protocol.head", "protocol.verdicts", "floor", "protocol.lr", "protocol.scaling",
+                 "protocol.throughput", "paired", "protocol.provenance", "regenerate"),
+                summary=protocol_summary,
+                exit_code=lambda ctx: 0 if len(ctx.protocol.seeds) or len(ctx.protocol.lr) else 1,
+                files=FILES, figures=(SCALING_FIGURE,))

@@ -2,8 +2,9 @@
 
 An *arm* is a run's `verdict.arm` tag when the run frame has one, else its variant without its ladder overrides
 (model size, steps, FLOP budget, lr): `model=baby norm=rmsnorm` and `model=tiny norm=rmsnorm` are two rungs of the
-arm `norm=rmsnorm`. Compute is the training FLOPs a run spent:
-`flops_per_token` (the harness's 6N + attention estimate) times the tokens it trained on (the last `tokens_seen`).
+arm `norm=rmsnorm`. Compute is the training FLOPs a run spent
+(`run_compute`: its last `flops_seen`, i.e. `flops_per_token`, the harness's 6N + attention estimate, times the
+tokens it trained on; else flops_per_token times its last `tokens_seen`).
 
 The fit is least squares in the loss, in the parametrisation (E, log A', alpha) with A' = A * C_ref^(-alpha) and
 C_ref the geometric mean of the ladder's compute: centring log C keeps log A' and alpha nearly uncorrelated (fitting
@@ -180,13 +181,13 @@ def arm_of(variant: str) -> str:
     return " ".join(words) or "baseline"
 
 
-def run_compute(included: pd.DataFrame, hist: pd.DataFrame) -> pd.Series:
-    """Training FLOPs per run (index: run_id): flops_per_token x the last logged tokens_seen; NaN when either is
-    missing."""
-    seen = hist[hist["key"] == "tokens_seen"].sort_values(["run_id", "step"]).groupby("run_id")["value"].last() \
-        if len(hist) else pd.Series(dtype=float)
-    fpt = included.set_index("run_id")["flops_per_token"].astype(float)
-    return (fpt * seen.reindex(fpt.index)).rename("compute")
+def run_compute(runs: pd.DataFrame) -> pd.Series:
+    """Training FLOPs each run spent (the one rule of every report): its `flops_seen` at the last step (the harness
+    logs tokens_seen x flops_per_token as it trains: the budget actually spent), else flops_per_token x its last
+    `tokens_seen` (runs from before flops_seen was logged); NaN when neither is recorded. Index: the frame's."""
+    fallback = runs["flops_per_token"].astype(float) * runs["tokens_seen"].astype(float)
+    seen = runs["flops_seen"].astype(float)
+    return seen.where(np.isfinite(seen), fallback).rename("compute")
 
 
 def scaling_table(points: pd.DataFrame, baseline_arm: str, metric: str = "final_val_loss",

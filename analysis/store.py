@@ -377,6 +377,14 @@ def metric_histories(run_ids, keys=STEP_METRICS, tracking_uri: str | None = None
     return hist.reset_index(drop=True)
 
 
+def history_of(ctx) -> pd.DataFrame:
+    """The step-metric histories of a report's results (analysis/engine.py: read once, as `ctx.hist`)."""
+    included = ctx.runset.included
+    if not len(included):
+        return pd.DataFrame(columns=["run_id", "key", "step", "value", "timestamp"])
+    return metric_histories(included["run_id"], tracking_uri=ctx.runset.tracking_uri)
+
+
 def _interp_extrapolate(x, xp, fp):
     """np.interp inside [xp[0], xp[-1]], linear extrapolation from the end segments outside (NaN with one point)."""
     import numpy as np

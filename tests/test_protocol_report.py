@@ -223,8 +223,10 @@ def test_margin_option_is_flagged_and_wide_margins_need_an_argument(built):
     table = protocol.verdicts(p, mg)
     # rmsnorm at s: Δ = 0, se = sqrt((1e-4 + 2.5e-5) / 3): the 90% CI lies well inside ±0.05 -> equivalent
     assert row(table, "s", "rmsnorm")["verdict"] == "equivalent within ±0.05"
-    rep = protocol.ProtocolReport(Path("."), p.runset, p, table, mg, None)
-    text = " ".join(b[1] for b in protocol._margin_blocks(rep))
+    from analysis.engine import Context
+
+    ctx = Context(Path("."), runset=p.runset, protocol=p, table=table, margin=mg)
+    text = " ".join(b[1] for b in protocol._margin_blocks(ctx))
     assert "**Wide margin**" in text and "`m` (2.7% of 1.8300)" in text  # 0.05 > 1% of every baseline mean
 
 
