@@ -10,15 +10,19 @@ arms needs this: runs made at different times on a shared machine differ by what
 
 An arm is NAME=OVERRIDES: the Hydra overrides (space-separated; empty for the defaults) composed on conf/ with
 `model=<--model>`, as the harness composes a run. One step is what training does per batch: forward, fp32
-cross-entropy, backward, gradient clipping, fused AdamW step (ablations.bench.BareTrainer), at the harness's
-precision (`trainer.precision`, auto: bf16-mixed where bf16 is native). Every arm steps through the same batches.
+cross-entropy, backward, gradient clipping, fused AdamW step (ablations.bench.BareTrainer). Each arm runs at its own
+`trainer.precision` (auto: bf16-mixed where bf16 is native), `trainer.accelerator` (--device: every arm's),
+`data.batch_size` and `model.block_size`; arms with the same batch size and context step through the same batches.
+An arm that changes what this step cannot honour (optim=muon, trainer.accumulate_grad_batches, threads, ...) is
+refused; settings that do not change a step's work (run length, logging, lr schedule, data source) are ignored.
 
 Per round and arm: tokens/s of `--steps` steps. Per arm: the median over rounds, and the ratio to the first arm:
 per round r_i = arm's tokens/s / first arm's tokens/s in the same round (a paired ratio), summarised as the
 geometric mean of the r_i with a 95% t interval on log r_i over the rounds (needs >= 2 rounds). JSON (`--json`)
 holds every round; `python -m analysis.report <experiment> --paired FILE` shows it.
 
-Bad input (an arm without `=`, an unknown override, arms that differ in vocabulary or context) exits 2 with one line.
+Bad input (an arm without `=`, an unknown override, arms that differ in vocabulary, a setting the step cannot
+honour, CUDA where there is none) exits 2 with one line.
 """
 from __future__ import annotations
 
@@ -76,6 +80,49 @@ def ratio_summary(reference, arm) -> dict:
     return out
 
 
+# Keys an arm may override, against the configuration `model=<--model>` alone: what the paired step honours per arm
+# (the model and its variant groups, the batch, the precision, the device, compile, AdamW's own settings, the
+# clipping norm), and what does not change a training step's work (the run's length, logging, data source, lr
+# schedule). Anything else (optim=muon, accumulate_grad_batches, threads, DDP, ...) would be silently dropped: refused.
+HONOURED = ("model.", "position.", "norm.", "mlp.", "attention.", "tokenizer.", "data.batch_size", "compile",
+            "trainer.precision", "trainer.accelerator", "optim.lr", "optim.weight_decay", "optim.betas", "optim.eps",
+            "trainer.gradient_clip_val")
+NO_STEP_COST = ("seed", "resume", "progress_every_n_steps", "checkpoint.", "generate.", "tracking.", "data.",
+                "trainer.max_steps", "trainer.budget.", "trainer.val_check_interval", "trainer.limit_val_batches",
+                "trainer.log_every_n_steps", "trainer.enable_progress_bar", "optim.min_lr", "optim.warmup_steps",
+                "optim.warmup_frac", "optim.schedule", "optim.decay_frac")
+
+
+def _leaves(cfg) -> dict:
+    """{dotted key: value} of a composed config (lists are one leaf)."""
+    from omegaconf import OmegaConf
+
+    out = {}
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = v
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return out
+
+
+def _matches(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in prefixes)
+
+
+def _check_honoured(name: str, cfg, base: dict) -> None:
+    """Refuse (one line) an arm that changes a setting the paired step cannot honour."""
+    arm = _leaves(cfg)
+    for key in sorted(set(arm) | set(base), key=lambda k: (k.count("."), k)):  # optim.name before optim.muon.*
+        if arm.get(key, "(absent)") != base.get(key, "(absent)") and not _matches(key, HONOURED + NO_STEP_COST):
+            raise PairedError(f"arm {name!r}: {key}={arm.get(key, '(absent)')} changes the training step, and the "
+                              "paired step (forward, fp32 cross-entropy, backward, clipping, fused AdamW) cannot "
+                              "honour it; compare it through ablations.run runs, or drop it from the arm")
+
+
 def _compose_arms(model: str, arms: list[tuple[str, list[str]]]):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -83,6 +130,7 @@ def _compose_arms(model: str, arms: list[tuple[str, list[str]]]):
     from ablations.bench import model_dict
     from ablations.compose import compose
 
+    base = _leaves(compose([f"model={model}"]))
     out = []
     for name, overrides in arms:
         try:
@@ -90,74 +138,118 @@ def _compose_arms(model: str, arms: list[tuple[str, list[str]]]):
         except (HydraException, OmegaConfBaseException) as exc:
             line = " ".join(str(exc).split()) or type(exc).__name__  # Hydra lists the valid options on more lines
             raise PairedError(f"arm {name!r}: {line}") from None
+        _check_honoured(name, cfg, base)
         out.append((name, overrides, cfg, model_dict(cfg)))
-    shapes = {(m["vocab_size"], m["block_size"]) for _, _, _, m in out}
-    if len(shapes) > 1:
-        raise PairedError(f"arms differ in (vocab_size, block_size): {sorted(shapes)}; pair arms that read the same "
-                          "batches (same tokenizer and model.block_size)")
+    vocabs = {m["vocab_size"] for _, _, _, m in out}
+    if len(vocabs) > 1:
+        raise PairedError(f"arms differ in vocab_size: {sorted(vocabs)}; tokens/s of different tokenizers do not "
+                          "compare: pair arms with the same tokenizer")
     return out
+
+
+def arm_setting(name: str, cfg, device: str | None) -> dict:
+    """One arm's device, precision (and why), batch size and context, from its own composed config. --device
+    (`device`) applies to every arm; an arm that names another accelerator is refused, as is CUDA where none is."""
+    import torch
+
+    from ablations.bench import BareTrainer
+    from ablations.lit import resolve_accelerator, resolve_precision
+
+    acc = cfg.trainer.get("accelerator", "auto")
+    own = resolve_accelerator(acc)
+    if device is not None and acc not in (None, "auto") and own != device:
+        raise PairedError(f"arm {name!r}: trainer.accelerator={acc} conflicts with --device {device}; drop one")
+    dev = device or own
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise PairedError(f"arm {name!r}: device {dev}: no CUDA device here; use --device cpu or "
+                          "trainer.accelerator=cpu")
+    precision, why = resolve_precision(cfg.trainer.get("precision", "auto"), dev)
+    try:
+        BareTrainer.check_precision(precision)
+    except ConfigError as exc:
+        raise PairedError(f"arm {name!r}: {exc}") from None
+    clip = cfg.trainer.get("gradient_clip_val", 1.0)
+    return {"device": dev, "precision": precision, "precision_reason": why, "batch_size": int(cfg.data.batch_size),
+            "block_size": int(cfg.model.block_size), "clip": float(clip) if clip else None}  # 0: none, as Lightning
+
+
+def _build(composed, device: str | None, steps: int, warmup: int) -> list[tuple]:
+    """Each arm's trainer on its own device and precision, stepping through batches of its own batch size and
+    context (arms that share them share the batches)."""
+    from ablations.bench import BareTrainer, training_batches
+
+    settings = [arm_setting(name, cfg, device) for name, _, cfg, _ in composed]  # every refusal before building
+    batches, trainers = {}, []
+    for (name, overrides, cfg, mcfg), s in zip(composed, settings):
+        key = (mcfg["vocab_size"], s["batch_size"], s["block_size"])
+        if key not in batches:
+            batches[key] = training_batches(*key, max(steps + warmup, 8), seed=0)
+        data, s["batches"] = batches[key]
+        try:
+            tr = BareTrainer(mcfg, data, s["precision"], compiled=bool(cfg.get("compile")), optim=cfg.optim,
+                             device=s["device"], clip=s["clip"])  # compile=true: torch.compile (warm-up compiles)
+        except ConfigError as exc:  # a bad model value (named by modules.config)
+            raise PairedError(f"arm {name!r}: {exc}") from None
+        trainers.append((name, overrides, mcfg, s, tr))
+    return trainers
+
+
+def _shared(arms: list[dict], key: str):
+    """The arms' common value of `key`, or each arm's ("a 32-true, b bf16-mixed") where they differ."""
+    values = [a[key] for a in arms]
+    return values[0] if len(set(values)) == 1 else ", ".join(f"{a['name']} {a[key]}" for a in arms)
 
 
 def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: int, warmup: int = 2,
             device: str | None = None, log=print) -> dict:
-    """Build every arm, then time `steps` training steps per arm per round over `rounds` interleaved rounds."""
+    """Build every arm with its own device, precision, batch size and context, then time `steps` training steps
+    per arm per round over `rounds` interleaved rounds."""
     import torch
 
-    from ablations.bench import BareTrainer, training_batches
     from ablations.inference_timing import sync
-    from ablations.lit import resolve_accelerator, resolve_precision
     from modules import accounting
 
-    composed = _compose_arms(model, arms)
-    cfg0 = composed[0][2]
-    device = device or resolve_accelerator(cfg0.trainer.get("accelerator", "auto"))
-    precision, why = resolve_precision(cfg0.trainer.get("precision", "auto"), device)
-    m0 = composed[0][3]
-    batch_size, T, V = int(cfg0.data.batch_size), m0["block_size"], m0["vocab_size"]
-    batches, source = training_batches(V, batch_size, T, max(steps + warmup, 8), seed=0)
-    trainers = []
-    for name, overrides, cfg, mcfg in composed:
-        try:
-            tr = BareTrainer(mcfg, batches, precision, compiled=bool(cfg.get("compile")), optim=cfg.optim,
-                             device=device)  # compile=true: torch.compile, as the harness (warm-up compiles)
-        except ConfigError as exc:  # a bad model value (named by modules.config)
-            raise PairedError(f"arm {name!r}: {exc}") from None
-        trainers.append((name, overrides, mcfg, tr))
-    for _, _, _, tr in trainers:  # untimed: first-call allocations, autotuning, the lr warm-up's first steps
+    trainers = _build(_compose_arms(model, arms), device, steps, warmup)
+    for *_, s, tr in trainers:  # untimed: first-call allocations, autotuning, the lr warm-up's first steps
         for _ in range(warmup):
             tr.step()
-    sync(device)
+        sync(s["device"])
     rates = {name: [] for name, *_ in trainers}
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     for r in range(rounds):
-        for name, _, _, tr in trainers:
-            sync(device)
+        for name, _, _, s, tr in trainers:
+            sync(s["device"])
             t0 = time.perf_counter()
             tokens = sum(tr.step() for _ in range(steps))
-            sync(device)
+            sync(s["device"])
             rates[name].append(tokens / (time.perf_counter() - t0))
         log(f"[paired] round {r + 1}/{rounds}: " + "  ".join(f"{n} {rates[n][-1]:,.0f}" for n in rates) + " tok/s")
     ref = trainers[0][0]
     arms_out = []
-    for name, overrides, mcfg, tr in trainers:
+    for name, overrides, mcfg, s, tr in trainers:
         arms_out.append({"name": name, "overrides": overrides, "compiled": tr.fwd is not tr.model,
+                         **s, "tokens_per_step": tr.tokens,
+                         "logits_dtype": str(tr.logits_dtype).removeprefix("torch."),
                          **accounting.param_counts(mcfg),
                          "flops_per_token": accounting.flops_per_token(mcfg), "tokens_per_sec": rates[name],
                          "median_tokens_per_sec": median(rates[name]), **ratio_summary(rates[ref], rates[name]),
                          "loss_last": float(tr.losses[-1])})
-    return {"tool": TOOL, "version": 1, "model": model, "device": device,
-            "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else cpu_model(),
-            "precision": precision, "precision_reason": why, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "steps_per_round": steps, "warmup_steps": warmup, "rounds": rounds,
-            "order": ORDER, "batch_size": batch_size, "block_size": T, "tokens_per_step": batch_size * T,
-            "batches": source, "load_average_start": load_start,
+    devices = {a["device"] for a in arms_out}
+    return {"tool": TOOL, "version": 2, "model": model,
+            **{k: _shared(arms_out, k) for k in ("device", "precision", "precision_reason", "batch_size",
+                                                   "block_size", "tokens_per_step", "batches")},
+            "device_name": ", ".join(torch.cuda.get_device_name() if d.startswith("cuda") else cpu_model()
+                                     for d in sorted(devices)),
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "steps_per_round": steps,
+            "warmup_steps": warmup, "rounds": rounds, "order": ORDER, "load_average_start": load_start,
             "load_average_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             "reference": ref, "arms": arms_out}
 
 
 def summary_lines(res: dict) -> list[str]:
     lines = [f"{res['model']}, {res['precision']} on {res['device']} ({res['threads']} threads), {res['rounds']} "
-             f"rounds x {res['steps_per_round']} steps x {res['tokens_per_step']} tokens, {ORDER}"]
+             f"rounds x {res['steps_per_round']} steps x {res['tokens_per_step']} tokens, {ORDER}"]  # per arm where
+    # the arms differ: "a 32-true, b bf16-mixed"
     for a in res["arms"]:
         ci = "" if a["ratio_ci_low"] is None else f" [{a['ratio_ci_low']:.3f}, {a['ratio_ci_high']:.3f}]"
         ratio = "reference" if a["name"] == res["reference"] else f"x{a['ratio']:.3f}{ci} vs {res['reference']}"

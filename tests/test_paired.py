@@ -43,11 +43,51 @@ def test_parse_arm():
     (["a="], "a paired comparison needs >= 2 arms"),
     (["a=", "b=norm"], "override 'norm' is not KEY=VALUE"),
     (["--rounds", "0", "a=", "b="], "--rounds 0: must be >= 1"),
+    # what the paired step cannot honour per arm is refused, not silently dropped
+    (["--model", "tiny", "a=", "m=optim=muon"], "arm 'm': optim.name=muon changes the training step"),
+    (["--model", "tiny", "a=", "g=trainer.accumulate_grad_batches=2"],
+     "arm 'g': trainer.accumulate_grad_batches=2 changes the training step"),
+    (["--model", "tiny", "a=", "t=threads=2"], "arm 't': threads=2 changes the training step"),
+    (["--model", "tiny", "a=", "p=trainer.precision=16-mixed"],
+     "arm 'p': trainer.precision=16-mixed: the bare training step runs 32-true or bf16-mixed"),
+    (["--model", "tiny", "--device", "cpu", "a=", "c=trainer.accelerator=gpu"],
+     "arm 'c': trainer.accelerator=gpu conflicts with --device cpu"),
+    (["--model", "tiny", "a=", "c=tokenizer=char"], "arms differ in vocab_size: [65, 256]"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ablations.paired: error: ") and needle in err[0], err
+
+
+def test_each_arm_runs_at_its_own_precision_batch_and_context(monkeypatch):
+    """An fp32 arm and a bf16-mixed arm with its own batch size and context: the forward of each model is watched
+    from outside (GPT.forward wrapped): the dtype of its logits and the shape of its input are the arm's own."""
+    import torch
+
+    from ablations.paired import measure, summary_lines
+    from modules.gpt import GPT
+
+    seen = []
+    forward = GPT.forward
+
+    def watched(self, idx, *args, **kwargs):
+        out = forward(self, idx, *args, **kwargs)
+        seen.append((out.dtype, tuple(idx.shape), torch.is_autocast_enabled("cpu")))
+        return out
+
+    monkeypatch.setattr(GPT, "forward", watched)
+    arms = [("fp32", ["trainer.precision=32-true", "trainer.max_steps=3", "optim.schedule=wsd"]),  # no step cost
+            ("bf16", ["trainer.precision=bf16-mixed", "data.batch_size=4", "model.block_size=16",
+                      "trainer.gradient_clip_val=0"])]
+    res = measure("tiny", arms, steps=1, rounds=1, warmup=1, device="cpu", log=lambda m: None)
+    fp32, bf16 = res["arms"]
+    assert set(seen) == {(torch.float32, (32, 32), False), (torch.bfloat16, (4, 16), True)}, set(seen)
+    assert (fp32["precision"], fp32["logits_dtype"], fp32["tokens_per_step"]) == ("32-true", "float32", 32 * 32)
+    assert (bf16["precision"], bf16["logits_dtype"], bf16["tokens_per_step"]) == ("bf16-mixed", "bfloat16", 4 * 16)
+    assert (fp32["clip"], bf16["clip"]) == (1.0, None)  # gradient_clip_val=0: no clipping, as Lightning
+    assert res["precision"] == "fp32 32-true, bf16 bf16-mixed" and res["device"] == "cpu"
+    assert "tiny, fp32 32-true, bf16 bf16-mixed on cpu" in summary_lines(res)[0]
 
 
 @pytest.fixture(scope="module")

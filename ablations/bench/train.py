@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from modules.errors import ConfigError
+
 from .core import Bench, Figures, Section, build_model, fmt, section
 
 
@@ -39,13 +41,22 @@ def training_batches(vocab_size: int, batch_size: int, T: int, n: int, seed: int
 class BareTrainer:
     """One model + AdamW stepping through fixed batches: the fastest honest training step we know.
 
-    As the harness: AdamW (decay on matrices only), gradient clipping at 1.0, cross-entropy in fp32, bf16-mixed =
-    torch.autocast(bfloat16) around the forward with fp32 weights and optimizer. Faster than a naive loop by:
-    fused AdamW (one kernel per parameter instead of ~10 elementwise ops) and foreach gradient clipping.
+    As the harness: AdamW (decay on matrices only), gradient-norm clipping (at `clip`; 0 or None: none),
+    cross-entropy in fp32, bf16-mixed = torch.autocast(bfloat16) around the forward with fp32 weights and optimizer.
+    Faster than a naive loop by: fused AdamW (one kernel per parameter instead of ~10 elementwise ops) and foreach
+    gradient clipping. Precisions: 32-true and bf16-mixed (others: ConfigError).
     """
+    PRECISIONS = ("32-true", "bf16-mixed")
+
+    @classmethod
+    def check_precision(cls, precision: str) -> None:
+        if precision not in cls.PRECISIONS:
+            raise ConfigError(f"trainer.precision={precision}: the bare training step runs "
+                              f"{' or '.join(cls.PRECISIONS)}")
 
     def __init__(self, model_cfg: dict, batches: torch.Tensor, precision: str, compiled: bool, optim: dict,
-                 device: str = "cpu", warmup_steps: int = 10):
+                 device: str = "cpu", warmup_steps: int = 10, clip: float | None = 1.0):
+        self.check_precision(precision)
         torch.manual_seed(0)
         self.device, self.batches = device, batches.to(device)
         self.model = build_model(model_cfg, device).train()
@@ -60,7 +71,8 @@ class BareTrainer:
         dev_type = torch.device(device).type
         self.autocast = (lambda: torch.autocast(dev_type, dtype=torch.bfloat16)) if precision == "bf16-mixed" \
             else contextlib.nullcontext
-        self.step_idx, self.losses = 0, []
+        self.clip = clip or None  # 0 or None: no clipping, as Lightning's gradient_clip_val
+        self.step_idx, self.losses, self.logits_dtype = 0, [], None
 
     def step(self) -> float:
         batch = self.batches[self.step_idx % len(self.batches)]
@@ -69,9 +81,11 @@ class BareTrainer:
             g["lr"] = self.lr * min(1.0, (self.step_idx + 1) / self.warmup)
         with self.autocast():
             logits = self.fwd(x)
+        self.logits_dtype = logits.dtype  # what the precision made of the forward (paired reports it per arm)
         loss = F.cross_entropy(logits.float().view(-1, self.V), y.reshape(-1))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0, foreach=True)
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip, foreach=True)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.losses.append(loss.detach())
