@@ -10,7 +10,9 @@ from ablations.compose import check_group_overrides
 from ablations.tracking import config_params, hydra_info
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-FAMILIES = {"norms": "norm", "positions": "position", "mlps": "mlp", "attention": "attention"}
+# the experiments that compare a whole family (docs/ADD_A_VARIANT.md step 5: a new variant joins each)
+FAMILIES = {"norms": "norm", "positions": "position", "extrapolation": "position", "mlps": "mlp",
+            "attention": "attention"}
 
 
 @pytest.mark.parametrize("experiment", sorted(FAMILIES))

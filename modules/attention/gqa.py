@@ -18,7 +18,7 @@ from modules.registry import register
 
 @dataclass(frozen=True)
 class GQAOptions(AttentionOptions):
-    n_kv_head: int | None = None  # required: key/value heads, a divisor of n_head
+    n_kv_head: int | None = 2  # key/value heads, a divisor of n_head (conf/attention/gqa.yaml states the same)
 
     def __post_init__(self):
         if self.n_kv_head is None:

@@ -9,7 +9,7 @@ from modules.registry import register
 
 @dataclass(frozen=True)
 class MQAOptions(AttentionOptions):
-    n_kv_head: int | None = None  # accepted only as 1 (or null): MQA is exactly one key/value head
+    n_kv_head: int | None = 1  # accepted only as 1 (or null): MQA is exactly one key/value head
 
     def __post_init__(self):
         if self.n_kv_head not in (None, 1) or isinstance(self.n_kv_head, bool):

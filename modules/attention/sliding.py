@@ -24,7 +24,7 @@ from modules.registry import register
 
 @dataclass(frozen=True)
 class SlidingOptions(AttentionOptions):
-    window: int | None = None     # required: each query sees itself and the window-1 previous tokens
+    window: int | None = 32       # each query sees itself and the window-1 previous tokens (as sliding.yaml)
     n_kv_head: int | None = None  # None: n_head (set it to combine with GQA)
 
     def __post_init__(self):
