@@ -495,9 +495,10 @@ def _write(data_cfg, src: Source, folder: Path, tok: Tokenizer | None, settings:
     write_manifest(folder, m)
     secs = time.perf_counter() - t0
     mb = (m["splits"]["train"]["bytes"] + m["splits"]["val"]["bytes"]) / 1e6
+    rate = " (resumed)" if done else f", {mb / max(secs, 1e-9):.2f} MB/s"  # a resumed pass reads what it skips
     say(f"prepared: {total:,} documents ({empty:,} empty, skipped) -> {m['splits']['train']['tokens']:,} train + "
         f"{m['splits']['val']['tokens']:,} val tokens in {sum(len(w.records) for w in writers.values())} shards | "
-        f"{mb / max(secs, 1e-9):.2f} MB/s")
+        f"{secs:.1f} s{rate}")
     return m, tok
 
 

@@ -10,6 +10,10 @@ and docstrings, in sentences and paragraphs, ~3 KB documents, written as parquet
   kept. 32 MB of text (--quick: 16 MB).
 - loader: tokens/sec of the training loader (`TokenDataModule`, windows of gpt2-124m's 1024 + 1 tokens across
   shards) against tokens/sec of one gpt2-124m training step (forward, backward, AdamW) on this device. Target >= 20x.
+- resume (section `prepare-resume`): `python -m ablations.prepare` killed (kill -9) once ~60% of its train shards are
+  written, then re-run: the re-run's seconds as a fraction of an uninterrupted prepare's, end to end (start-up
+  included) and for the tokenizing pass alone (prepare's last line), and that the shards come out the same (64 MB
+  of text, --quick: 16 MB, in shards of 300k tokens).
 - memory: peak memory of `python -m ablations.prepare` and of a short `python -m ablations.run` (model=tiny, 40
   steps) on a corpus of ~100 MB and on one of ~1 GB (--quick: 10 MB and 100 MB), sampled every 0.25 s over the process tree: PSS (every
   page, shared ones split between the processes that map them) and private anonymous memory (RSS minus file-backed
@@ -214,6 +218,44 @@ def peak_memory(cmd: list[str], cwd: Path) -> dict:
     return {**peak, "wall_sec": time.perf_counter() - t0}
 
 
+def resume_after_kill(folder: Path, work: Path, threads: int, shard_tokens: int, log) -> dict:
+    """Wall seconds of an uninterrupted `python -m ablations.prepare` and of its re-run after a kill -9 once ~60% of
+    its train shards are written."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+
+    def cmd(cache):
+        return [sys.executable, "-m", "ablations.prepare", *hf_overrides(folder, cache, threads),
+                f"data.shard_tokens={shard_tokens}"]
+
+    def timed(cache):
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd(cache), cwd=work, env=env, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"prepare failed: {r.stderr.strip().splitlines()[-1:]}")
+        return time.perf_counter() - t0, r.stdout, json.loads(next(cache.glob("tokens/*/manifest.json")).read_text())
+
+    whole, first, ref = timed(work / "whole")
+    n = {s: len(ref["splits"][s]["shards"]) for s in ("train", "val")}
+    cache = work / "killed"
+    p = subprocess.Popen(cmd(cache), cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while p.poll() is None and len(list(cache.glob("tokens/*/train-*.bin"))) < 0.6 * n["train"]:
+        time.sleep(0.01)
+    p.kill()  # SIGKILL
+    p.wait()
+    at = {s: len(list(cache.glob(f"tokens/*/{s}-*.bin"))) for s in n}
+    time.sleep(1.0)  # its workers notice the parent is gone (they poll every 0.5 s) and exit
+    rerun, out, m = timed(cache)
+    passes = [float(re.search(r"shards \| ([0-9.]+) s", o).group(1)) for o in (first, out)]  # the pass alone
+    log(f"data: prepare {whole:.1f} s; killed after {at['train']}/{n['train']} train and {at['val']}/{n['val']} val "
+        f"shards; re-run {rerun:.1f} s = {rerun / whole:.2f} of the whole (tokenizing pass {passes[1]:.1f} of "
+        f"{passes[0]:.1f} s)")
+    return {"whole_sec": whole, "rerun_sec": rerun, "fraction": rerun / whole, "pass_sec": passes[0],
+            "rerun_pass_sec": passes[1], "pass_fraction": passes[1] / passes[0], "shards": n, "killed_at": at,
+            "resumed": "resuming after" in out, "same_shards": m["splits"] == ref["splits"],
+            "shard_tokens": shard_tokens, "processes": threads}
+
+
 def memory_flat(work: Path, sizes: tuple[int, int], threads: int, log) -> dict:
     """Peak memory of prepare and of a short training run, on a small and a 10x larger generated corpus."""
     out = {}
@@ -241,6 +283,11 @@ def memory_flat(work: Path, sizes: tuple[int, int], threads: int, log) -> dict:
     return out
 
 
+def _threads(bench: Bench) -> int:
+    return bench.opts.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                  else os.cpu_count() or 1)
+
+
 @section
 class Data(Section):
     name, order = "data", 80
@@ -248,8 +295,7 @@ class Data(Section):
     def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
         import torch
 
-        threads = bench.opts.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                         else os.cpu_count() or 1)
+        threads = _threads(bench)
         quick = bench.opts.quick
         work = Path(tempfile.mkdtemp(prefix="ablations-bench-data-"))
         try:
@@ -288,3 +334,25 @@ class Data(Section):
                  f"{fmt(large['prepare_tokens_per_sec'], 'tokens/s')} end to end, `python -m ablations.prepare` "
                  f"({large['prepare']['wall_sec']:.0f} s, {threads} processes, {large['tokens']:,} tokens)")]
         return Figures({"data": {"prepare": tok, "loader": load, "memory": mem}}, rows)
+
+
+@section
+class PrepareResume(Section):
+    name, order = "prepare-resume", 81
+
+    def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
+        threads = _threads(bench)
+        work = Path(tempfile.mkdtemp(prefix="ablations-bench-resume-"))
+        try:
+            corpus = work / "corpus"
+            write_corpus(corpus, (16 if bench.opts.quick else 64) << 20)
+            r = resume_after_kill(corpus, work, threads, 300_000, bench.log)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        n, at = r["shards"], r["killed_at"]
+        row = (f"{r['rerun_sec']:.1f} s re-run vs {r['whole_sec']:.1f} s uninterrupted = {r['fraction']:.2f} of the "
+               f"whole end to end, {r['pass_fraction']:.2f} of its tokenizing pass ({r['rerun_pass_sec']:.1f} of "
+               f"{r['pass_sec']:.1f} s) (kill -9 after {at['train']}/{n['train']} train and {at['val']}/{n['val']} val shards of "
+               f"{r['shard_tokens']:,} tokens; {threads} process{'es' * (threads > 1)}; same shards: "
+               f"{'yes' if r['same_shards'] and r['resumed'] else 'NO'})")
+        return Figures({"prepare_resume": r}, [("data: prepare re-run after kill -9 at ~60%", row)])
