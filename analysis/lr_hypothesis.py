@@ -1,0 +1,142 @@
+"""Tensor Programs V's Figure 1 as a hypothesis on an lr-transfer store (issue 25 item 4): written before the runs,
+judged from them. Reads the same points as analysis.lr_transfer (its load_study, curves, optima, transfer) and
+writes one page, hypothesis.md, beside that report:
+
+    python -m analysis.lr_hypothesis --tracking-uri sqlite:///study/lr-transfer-480/mlflow.db \
+        --experiment lr-transfer-480 --out reports/lr-transfer/480-steps
+
+Per optimizer, with w0 the narrowest width (mup's base, where mup is sp), w1 the widest, and the transferred lr
+the best mup lr at w0 (lowest mean over seeds):
+  (a) the mup optimum moves at most one grid step across widths: analysis.lr_transfer's transfer verdict of the
+      mup panel (held / failed / not established);
+  (b) at the transferred lr, mup at w1 is no worse than sp at its own best lr at w1, within the seed spread:
+      held when mup's mean minus sp's best mean is at most the larger seed range of the two points and sp's
+      optimum is interior; failed when it exceeds that range; otherwise (sp's optimum at the grid's edge, so sp
+      may do better beyond it, or the point was not run) not established;
+  (c) under mup, wider is better at every lr within one grid step of the transferred lr: held when, at each such
+      lr, every width's mean is below the next narrower width's; failed when somewhere a wider width's mean is
+      above a narrower one's by more than the larger seed range of the two; otherwise not established.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .lr_transfer import EXPERIMENT, LABELS, curves, load_study, optima, transfer
+from .store import AnalysisError
+
+HYPOTHESIS = """## Hypothesis (stated before the runs)
+
+Tensor Programs V (Yang et al. 2022), Figure 1: under μP the best learning rate of the narrow model is the best
+learning rate of the wide one, and at that lr the wide model is better; under the standard parametrization the
+optimum drifts. Here, for AdamW, with w0 the narrowest width (μP's base width, where μP is SP) and w1 the widest:
+
+- (a) the μP optimum moves at most one grid step across widths;
+- (b) at the transferred lr (μP's best lr at w0) the μP model at w1 is no worse than SP tuned at w1, within the
+  seed spread;
+- (c) under μP, wider is better at every lr within one grid step of the transferred lr.
+
+Each part is judged **held**, **failed** or **not established** by the rules in `analysis/lr_hypothesis.py`,
+fixed with this text before the runs."""
+
+
+def _point(cur: pd.DataFrame, o: str, p: str, w: int, lr: float) -> pd.Series | None:
+    c = cur[(cur["optimizer"] == o) & (cur["parametrization"] == p) & (cur["width"] == w) & (cur["lr"] == lr)]
+    return None if c.empty else c.iloc[0]
+
+
+def part_b(cur: pd.DataFrame, opt: pd.DataFrame, o: str) -> tuple[str, str]:
+    """(verdict, sentence) of (b) for optimizer o."""
+    mo, so = (opt[(opt["optimizer"] == o) & (opt["parametrization"] == p)] for p in ("mup", "sp"))
+    w0, w1 = int(mo["width"].min()), int(mo["width"].max())
+    lr = float(mo[mo["width"] == w0]["best_lr"].iloc[0])
+    mup = _point(cur, o, "mup", w1, lr)
+    sp = so[so["width"] == w1]
+    if mup is None or sp.empty:
+        return "not established", f"no μP run at width {w1} and lr {lr:.3g}, or no SP run at width {w1}"
+    sp = sp.iloc[0]
+    diff, tol = mup["mean"] - sp["loss"], max(mup["hi"] - mup["lo"], sp["spread"])
+    verdict = "failed" if not diff <= tol else "held" if sp["interior"] else "not established"
+    edge = "" if sp["interior"] else " (SP's optimum is at the grid's edge)"
+    return verdict, (f"at width {w1}, μP at the transferred lr {lr:.3g} reaches {mup['mean']:.3f}, SP at its best "
+                     f"lr {sp['best_lr']:.3g} {sp['loss']:.3f}{edge}: μP minus SP {diff:+.3f} against a seed "
+                     f"range of {tol:.3f}")
+
+
+def part_c(cur: pd.DataFrame, opt: pd.DataFrame, o: str) -> tuple[str, str]:
+    """(verdict, sentence) of (c) for optimizer o: each pair of neighbouring widths at each lr within one step of
+    the transferred lr is better (wider mean lower), worse (higher by more than the seed range) or unclear."""
+    c = cur[(cur["optimizer"] == o) & (cur["parametrization"] == "mup")]
+    mo = opt[(opt["optimizer"] == o) & (opt["parametrization"] == "mup")]
+    step = int(mo.sort_values("width")["step"].iloc[0])
+    widths = sorted(c["width"].unique())
+    found, parts = [], []
+    for s in (step - 1, step, step + 1):
+        at = c[c["step"] == s].set_index("width")
+        if len(at) < len(widths):
+            found.append("missing")
+        if at.empty:
+            continue
+        ws = [w for w in widths if w in at.index]
+        parts.append(f"lr {at['lr'].iloc[0]:.3g}: " + " → ".join(f"{at.loc[w, 'mean']:.3f}" for w in ws))
+        for a, b in zip(ws, ws[1:]):
+            rise = at.loc[b, "mean"] - at.loc[a, "mean"]
+            tol = max(at.loc[a, "hi"] - at.loc[a, "lo"], at.loc[b, "hi"] - at.loc[b, "lo"])
+            found.append("better" if rise < 0 else "worse" if rise > tol else "unclear")
+    verdict = "failed" if "worse" in found else "held" if set(found) == {"better"} else "not established"
+    return verdict, "mean loss from the narrowest to the widest width at each lr, " + "; ".join(parts)
+
+
+def judge(cur: pd.DataFrame, opt: pd.DataFrame, tr: pd.DataFrame) -> list[tuple[str, str, str, str]]:
+    """(optimizer, part, verdict, sentence) for every optimizer with both parametrizations."""
+    out = []
+    for o in sorted(set(opt["optimizer"])):
+        if not {"sp", "mup"} <= set(opt.loc[opt["optimizer"] == o, "parametrization"]):
+            continue
+        t = tr[(tr["optimizer"] == o) & (tr["parametrization"] == "mup")].iloc[0]
+        out.append((o, "a", t["verdict"], t["statement"].replace("**", "").rstrip(".")))
+        out.append((o, "b", *part_b(cur, opt, o)))
+        out.append((o, "c", *part_c(cur, opt, o)))
+    return out
+
+
+def page(judged: list[tuple[str, str, str, str]], previous: str | None) -> str:
+    lines = ["# Tensor Programs V's Figure 1 on this study", "",
+             "Generated by `python -m analysis.lr_hypothesis` from the study's MLflow store (the same points as "
+             "[index.md](index.md)). Do not edit by hand.", "", HYPOTHESIS, "", "## Verdict", ""]
+    lines += [f"- **({part}) {verdict}** for {LABELS.get(o, o)}: {sentence}." for o, part, verdict, sentence in judged]
+    if previous:
+        lines += ["", "## The study before", "",
+                  f"[The 120-step study]({previous}/index.md) (issue 18: 4 heads at every width, the head size "
+                  f"growing with the width under μP, AdamW and Muon):", "",
+                  f"![the earlier study's figure]({previous}/lr_transfer.svg)"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m analysis.lr_hypothesis", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
+    ap.add_argument("--experiment", default=EXPERIMENT, help=f"MLflow experiment (default {EXPERIMENT})")
+    ap.add_argument("--out", required=True, help="the report folder: writes hypothesis.md there")
+    ap.add_argument("--previous", default=None, help="an earlier report's folder, relative to --out, to show")
+    a = ap.parse_args(argv)
+    try:
+        cur = curves(load_study(a.tracking_uri, a.experiment).points)
+        opt = optima(cur)
+        text = page(judge(cur, opt, transfer(opt)), a.previous)
+    except AnalysisError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(a.out) / "hypothesis.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
