@@ -35,15 +35,19 @@ def test_shards_dir_prepared_with_other_settings_is_one_line(tmp_path, capsys):
         line = _one_line_error(capsys, [*base, override])
         assert line == f"error: {shards} was prepared with {said}: {fix}"
     # settings no override here can change without changing the corpus fingerprint: as another prepare recorded them
+    cfg = data_cfg(tmp_path, corpus, shards_dir=shards, shard_tokens=1000)
     manifest = json.loads((shards / "manifest.json").read_text())
     for key, value, said in [("text_column", "content", "data.text_column=content, not data.text_column=text"),
                              ("id_column", "id", "data.id_column=id, not data.id_column=None"),
                              ("split_rules", 0, "split rules version=0, not split rules version=1")]:
         (shards / "manifest.json").write_text(json.dumps({**manifest, "corpus": {**manifest["corpus"], key: value}}))
-        assert _one_line_error(capsys, base) == f"error: {shards} was prepared with {said}: {fix}"
+        with pytest.raises(DataError) as e:
+            prepare_data(cfg, "byte")
+        assert str(e.value) == f"{shards} was prepared with {said}: {fix}"
     (shards / "manifest.json").write_text(json.dumps({**manifest, "dtype": "uint32"}))
-    line = _one_line_error(capsys, base)
-    assert line == f"error: {shards} holds uint32 tokens, but the 256 ids of tokenizer=byte need uint16: {fix}"
+    with pytest.raises(DataError) as e:
+        prepare_data(cfg, "byte")
+    assert str(e.value) == f"{shards} holds uint32 tokens, but the 256 ids of tokenizer=byte need uint16: {fix}"
     assert shard_bytes(shards) == good  # nothing deleted
 
 
