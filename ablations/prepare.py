@@ -291,7 +291,12 @@ def shards_folder(data_cfg, src: Source, tokenizer_name: str) -> Path:
 def folder_lock(folder: Path):
     """The shards folder to this process alone for the with-block; another prepare of it waits (one line says so)."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK, "a") as f:  # the lock goes with the file's last descriptor: with the process at worst
+    try:
+        f = open(folder / LOCK, "a")
+    except PermissionError:  # a read-only folder (shared, prepared elsewhere): nobody writes it, so nothing to wait for
+        yield
+        return
+    with f:  # the lock goes with the file's last descriptor: with the process, however it ends
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -53,6 +53,27 @@ def test_a_resumed_prepare_tokenizes_only_what_each_split_lacks(tmp_path, monkey
     assert json.loads((folder / "manifest.json").read_text()) == json.loads((ref / "manifest.json").read_text())
 
 
+def test_a_read_only_folder_is_verified_without_its_lock(tmp_path, monkeypatch):
+    """Shards prepared elsewhere and shared read-only: `python -m ablations.prepare` (which verifies) cannot create
+    the lock file there, and needs no lock to read."""
+    import builtins
+
+    import ablations.prepare as prep
+
+    cfg = data_cfg(tmp_path, write_parquet(tmp_path / "c.parquet", make_docs(40)), shard_tokens=300)
+    folder, m, _ = prepare(cfg, "byte")
+    (folder / prep.LOCK).unlink()
+
+    def no_lock(path, *args, **kw):
+        if str(path).endswith(prep.LOCK):
+            raise PermissionError(13, "Permission denied", str(path))
+        return builtins.open(path, *args, **kw)
+
+    monkeypatch.setattr(prep, "open", no_lock, raising=False)
+    assert prepare(cfg, "byte", verify=True)[1] == m
+    assert not (folder / prep.LOCK).exists()
+
+
 def test_only_dead_writers_temporary_files_are_removed(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
