@@ -23,6 +23,7 @@ size, split rule and val fraction, text and id columns); opening a folder made u
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -293,7 +294,9 @@ def folder_lock(folder: Path):
     folder.mkdir(parents=True, exist_ok=True)
     try:
         f = open(folder / LOCK, "a")
-    except PermissionError:  # a read-only folder (shared, prepared elsewhere): nobody writes it, so nothing to wait for
+    except OSError as e:  # a read-only folder (shared, prepared elsewhere): nobody writes it, so nothing to wait for
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
         yield
         return
     with f:  # the lock goes with the file's last descriptor: with the process, however it ends

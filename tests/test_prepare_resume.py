@@ -57,6 +57,7 @@ def test_a_read_only_folder_is_verified_without_its_lock(tmp_path, monkeypatch):
     """Shards prepared elsewhere and shared read-only: `python -m ablations.prepare` (which verifies) cannot create
     the lock file there, and needs no lock to read."""
     import builtins
+    import errno
 
     import ablations.prepare as prep
 
@@ -66,7 +67,7 @@ def test_a_read_only_folder_is_verified_without_its_lock(tmp_path, monkeypatch):
 
     def no_lock(path, *args, **kw):
         if str(path).endswith(prep.LOCK):
-            raise PermissionError(13, "Permission denied", str(path))
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
         return builtins.open(path, *args, **kw)
 
     monkeypatch.setattr(prep, "open", no_lock, raising=False)
