@@ -352,7 +352,7 @@ class PrepareResume(Section):
         n, at = r["shards"], r["killed_at"]
         row = (f"{r['rerun_sec']:.1f} s re-run vs {r['whole_sec']:.1f} s uninterrupted = {r['fraction']:.2f} of the "
                f"whole end to end, {r['pass_fraction']:.2f} of its tokenizing pass ({r['rerun_pass_sec']:.1f} of "
-               f"{r['pass_sec']:.1f} s) (kill -9 after {at['train']}/{n['train']} train and {at['val']}/{n['val']} val shards of "
-               f"{r['shard_tokens']:,} tokens; {threads} process{'es' * (threads > 1)}; same shards: "
+               f"{r['pass_sec']:.1f} s) (kill -9 after {at['train']}/{n['train']} train and {at['val']}/{n['val']} "
+               f"val shards of {r['shard_tokens']:,} tokens; {threads} process{'es' * (threads > 1)}; same shards: "
                f"{'yes' if r['same_shards'] and r['resumed'] else 'NO'})")
         return Figures({"prepare_resume": r}, [("data: prepare re-run after kill -9 at ~60%", row)])
