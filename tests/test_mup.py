@@ -13,7 +13,7 @@ from modules.config import GPTConfig
 from modules.errors import ConfigError
 from modules.gpt import GPT
 from modules.registry import names
-from sp_reference import CASES, FIXTURE, case_id, close, composed, fingerprint
+from sp_reference import CASES, CONF, FIXTURE, case_id, close, composed, fingerprint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -250,6 +250,32 @@ def _residual_stream(model, x):
     model(x)
     h.remove()
     return out["x"]
+
+
+def test_mup_base_sweep_reaches_the_multipliers():
+    """sweep=mup-base: a trial's values reach the model (tiny at base width 32, 4 heads of 8: logits x
+    output_mult, attention x attn_mult / sqrt(8), hidden std init_std), its first trial is the defaults that make
+    mup at the base width sp, and its search ranges hold those defaults."""
+    from omegaconf import OmegaConf
+
+    from sweeps.space import to_overrides
+    from sweeps.study import SweepSettings
+
+    raw = OmegaConf.to_container(OmegaConf.load(CONF / "sweep" / "mup-base.yaml"), resolve=True)
+    settings = SweepSettings.from_config("mup-base", raw)
+    point = {"optim.lr": 1e-3, "model.mup.init_std": 0.04, "model.mup.output_mult": 2.0, "model.mup.attn_mult": 0.5}
+    assert set(settings.space.keys) == set(point)
+    cfg = composed([*settings.overrides, "model.mup.base_width=32", *to_overrides(point)])
+    assert cfg.optim.lr == 1e-3
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.from_dict(cfg.model))
+    assert m.output_mult == 2.0 and m.blocks[0].attn.scale == pytest.approx(0.5 / math.sqrt(8), rel=1e-12)
+    assert m.blocks[0].mlp.c_fc.weight.std().item() == pytest.approx(0.04, rel=0.06)  # 4096 samples
+    defaults = {"model.mup.init_std": 0.02, "model.mup.output_mult": 1.0, "model.mup.attn_mult": 1.0}
+    assert settings.enqueue[0] == {"optim.lr": 3e-3, **defaults}
+    for p in settings.space.params:
+        if p.key in defaults:
+            assert p.distribution.low < defaults[p.key] < p.distribution.high, p.key
 
 
 # ------------------------------------------------------------------------------------------ coordinate check

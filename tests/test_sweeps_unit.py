@@ -178,8 +178,8 @@ def test_user_override_pins_a_searched_key(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["sweep=nope"], "unknown sweep 'nope'; valid sweeps: architecture, lr, pareto, verdict-lr"),
-    ([], "no sweep given: use sweep=<name>; valid sweeps: architecture, lr, pareto, verdict-lr"),
+    (["sweep=nope"], "unknown sweep 'nope'; valid sweeps: architecture, lr, mup-base, pareto, verdict-lr"),
+    ([], "no sweep given: use sweep=<name>; valid sweeps: architecture, lr, mup-base, pareto, verdict-lr"),
     (["sweep=lr", "sweep.storage=nosuchdb://x"], "cannot open Optuna storage nosuchdb://x"),
     (["sweep=lr", "sweep.storage=not a url"], "bad storage URL"),
     (["sweep=lr", "sweep.storage=postgresql://u:pw@127.0.0.1:1/x"], "cannot open Optuna storage postgresql://u:***@"),
@@ -200,8 +200,8 @@ def test_cli_subprocess_unknown_sweep(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sweeps.run", "sweep=nope"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == ["error: unknown sweep 'nope'; valid sweeps: architecture, lr, pareto, verdict-lr "
-                                             f"(files in {REPO / 'conf' / 'sweep'})"]
+    assert r.stderr.strip().splitlines() == ["error: unknown sweep 'nope'; valid sweeps: architecture, lr, mup-base, "
+                                             f"pareto, verdict-lr (files in {REPO / 'conf' / 'sweep'})"]
     assert not (tmp_path / "optuna.db").exists()
 
 
