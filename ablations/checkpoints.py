@@ -6,6 +6,7 @@ artifact `checkpoints/last.ckpt`; `resume=auto` with no local checkpoint fetches
 config (tag `config_hash`), so a job continues on another machine or after its node's disk is gone."""
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
@@ -17,6 +18,7 @@ import lightning.pytorch as pl
 import torch
 
 from .errors import CheckpointError, one_line
+from .sources import atomic_write_bytes
 
 FINAL_FORMAT = "ablations-final-v1"
 LAST_ARTIFACT = "checkpoints/last.ckpt"  # the resumable checkpoint as a run artifact (tracking.log_checkpoints)
@@ -57,15 +59,12 @@ def check_compatible(ck: dict, path: Path, lit, tok) -> None:
 
 
 def save_atomic(obj, path: Path) -> None:
+    """torch.save `obj` to `path` completely or not at all, through the harness's one atomic writer
+    (ablations.sources.atomic_write_bytes). The bytes are held in memory once: a final checkpoint is the weights."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, buf.getvalue(), fsync=True)
 
 
 def load_final_checkpoint(path) -> dict:
@@ -124,8 +123,8 @@ class AtomicCheckpoint(pl.Callback):
         if not run_id:
             return
         try:
-            MlflowClient(tracking_uri=self.metrics.uri).log_artifact(run_id, str(self.last_path),
-                                                                     artifact_path=str(Path(LAST_ARTIFACT).parent))
+            self.metrics.call(MlflowClient(tracking_uri=self.metrics.uri).log_artifact, run_id,  # outage-bounded
+                              str(self.last_path), artifact_path=str(Path(LAST_ARTIFACT).parent))
         except (MlflowException, OSError) as e:
             log.warning("could not log %s as artifact %s of run %s: %s", self.last_path, LAST_ARTIFACT, run_id,
                         one_line(e)[:200])

@@ -1,9 +1,11 @@
 """All training metrics in one callback (torchtitan style), logged to MLflow from global rank 0 only.
 
 Step metrics (every `log_every_n_steps` optimizer steps): train/loss (mean over the window), lr, grad_norm
-(pre-clipping total norm), tokens_per_sec (training tokens of all ranks / wall time, validation excluded), mfu
-(flops_per_token * tokens_per_sec / peak), tokens_seen, elapsed_sec (training wall-clock, validation excluded,
-continued across resumes). At each validation: val/loss, val/bpb. At the end: final_* summaries.
+(pre-clipping total norm), tokens_per_sec (training tokens of all ranks / wall time), mfu (flops_per_token *
+tokens_per_sec / peak), tokens_seen, elapsed_sec (training wall-clock, continued across resumes),
+tracking_stall_sec (seconds blocked on the tracking store so far, continued across resumes). The time spent in
+validation, checkpoints and tracking calls is not training time: a throughput figure must not depend on the
+tracking server's health. At each validation: val/loss, val/bpb. At the end: final_* summaries.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import lightning.pytorch as pl
 import torch
 
 from .errors import TrackingError, one_line
+from .tracking import DEFAULT_MAX_OUTAGE_S, OutageBound
 
 _PEAK_CACHE: dict = {}
 
@@ -53,28 +56,33 @@ def measure_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, 
 
 class MetricsCallback(pl.Callback):
     def __init__(self, run_id: str | None, tracking_uri: str, tokens_per_step: int, flops_per_token: int,
-                 peak_flops: float, log_every: int, val_tokens_per_byte: float, max_steps: int):
+                 peak_flops: float, log_every: int, val_tokens_per_byte: float, max_steps: int,
+                 max_outage_s: float = DEFAULT_MAX_OUTAGE_S):
         self.run_id, self.uri = run_id, tracking_uri
+        self.outage = OutageBound(tracking_uri, max_outage_s)
         self.tokens_per_step, self.flops_per_token = int(tokens_per_step), int(flops_per_token)
         self.peak_flops, self.log_every = float(peak_flops), max(1, int(log_every))
         self.val_tokens_per_byte, self.max_steps = float(val_tokens_per_byte), int(max_steps)
         # persisted in checkpoints
-        self.tokens_seen, self.elapsed_sec = 0, 0.0
+        self.tokens_seen, self.elapsed_sec, self.tracking_stall_sec = 0, 0.0, 0.0
         self.last_val_loss, self.last_val_step = None, -1
         self.latest: dict = {}  # the step metrics logged last, with their "step" (read by ablations.progress)
         self._client = None
         self._buffer: list = []
         self._last_step = None
+        self._paused = self._session_paused = 0.0  # seconds of this window / this session that are not training
         self.logged_through: dict = {}  # a resumed run: key -> last step logged before (tracking.logged_through)
 
     # -------------------------------------------------------------------------------- state & logging
     def state_dict(self):
         return {"tokens_seen": self.tokens_seen, "elapsed_sec": self.elapsed_sec,
-                "last_val_loss": self.last_val_loss, "last_val_step": self.last_val_step}
+                "tracking_stall_sec": self.tracking_stall_sec, "last_val_loss": self.last_val_loss,
+                "last_val_step": self.last_val_step}
 
     def load_state_dict(self, state):
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.elapsed_sec = float(state.get("elapsed_sec", 0.0))
+        self.tracking_stall_sec = float(state.get("tracking_stall_sec", 0.0))
         self.last_val_loss = state.get("last_val_loss")
         self.last_val_step = int(state.get("last_val_step", -1))
 
@@ -92,7 +100,18 @@ class MetricsCallback(pl.Callback):
         self._buffer += [Metric(k, float(v), ts, int(step)) for k, v in metrics.items()
                          if v is not None and math.isfinite(float(v)) and step > self.logged_through.get(k, -1)]
 
+    def call(self, fn, *args, **kwargs):
+        """A tracking call made during training (fn(*args, **kwargs)): bounded by tracking.max_outage_s, its time
+        counted in tracking_stall_sec. The caller excludes it from training time (flush does, checkpoints do)."""
+        t0 = time.perf_counter()
+        try:
+            return self.outage.call(fn, *args, **kwargs)
+        finally:
+            self.tracking_stall_sec += time.perf_counter() - t0
+
     def flush(self, trainer):
+        """Log the buffered points; the time this blocks is not training time. A store that stays down past
+        tracking.max_outage_s ends the run (TrackingError), the points kept in the buffer."""
         if not self._buffer or not trainer.is_global_zero or not self.run_id:
             return
         from mlflow.exceptions import MlflowException
@@ -101,12 +120,15 @@ class MetricsCallback(pl.Callback):
             from mlflow import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.uri)
-        try:  # a server that is down: MLflow's client retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES, ..._BACKOFF_FACTOR)
+        t0 = time.perf_counter()
+        try:
             for i in range(0, len(self._buffer), 1000):
-                self._client.log_batch(self.run_id, metrics=self._buffer[i:i + 1000])
-        except MlflowException as e:
-            raise TrackingError(f"tracking.uri={self.uri}: metrics not logged after MLflow's retries "
-                                f"({one_line(e, 160)}): when the store is back, continue with resume=auto") from None
+                self.call(self._client.log_batch, self.run_id, metrics=self._buffer[i:i + 1000])
+        except MlflowException as e:  # a refusal, not an outage
+            raise TrackingError(f"tracking.uri={self.uri}: metrics not logged ({one_line(e, 160)}): when the "
+                                f"store takes them again, continue with resume=auto") from None
+        finally:
+            self.pause(time.perf_counter() - t0)
         self._buffer = []
 
     # ------------------------------------------------------------------------------------------ timing
@@ -142,13 +164,13 @@ class MetricsCallback(pl.Callback):
                  "grad_norm": float(gn) if gn is not None else None, "tokens_per_sec": tps,
                  "mfu": self.flops_per_token * tps / self.peak_flops if self.peak_flops > 0 else None,
                  "tokens_seen": self.tokens_seen, "flops_seen": self.tokens_seen * self.flops_per_token,
-                 "elapsed_sec": self.elapsed_sec}
+                 "elapsed_sec": self.elapsed_sec, "tracking_stall_sec": self.tracking_stall_sec}
             self._log(trainer, m, step)
             self.latest = {**m, "step": step}
-            self.flush(trainer)
             if self._steady_t0 is None:  # the first window holds start-up costs: final_tokens_per_sec skips it
                 self._steady_t0, self._steady_tokens0, self._steady_paused0 = now, self._session_tokens, self._session_paused
             self._win_t0, self._win_tokens, self._paused = now, 0, 0.0
+            self.flush(trainer)  # after `now`: its pause belongs to the next window, which starts at `now`
         if step >= self.max_steps and self.last_val_step != step:
             trainer.should_stop = True  # makes Lightning run a final validation at this step
 

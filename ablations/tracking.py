@@ -5,9 +5,11 @@ Only :class:`mlflow.MlflowClient` is used (no fluent global state), so several t
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +18,7 @@ from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import TrackingError
+from .errors import ConfigError, TrackingError, one_line
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 CHOICE_GROUPS = ("model", "position", "norm", "mlp", "attention", "tokenizer", "data")
@@ -33,23 +35,12 @@ def tracking_uri(cfg: DictConfig | None = None) -> str:
     return str(uri) if uri else os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
-def check_reachable(uri: str, timeout: float = 5.0) -> None:
+def check_reachable(uri: str, timeout: float = 10.0) -> None:
     """Fail fast (before any training) when the tracking store cannot be used."""
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()
     if scheme in ("http", "https"):
-        url = uri.rstrip("/") + "/health"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - user-configured server
-                if r.status >= 400:
-                    raise TrackingError(f"tracking.uri={uri} answered HTTP {r.status} on /health")
-        except urllib.error.HTTPError as e:
-            raise TrackingError(f"tracking.uri={uri} answered HTTP {e.code} on /health: check the server "
-                                f"(mlflow server ...) or set tracking.uri=sqlite:///mlflow.db") from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise TrackingError(f"tracking.uri={uri} is unreachable ({reason}): start the server or set "
-                                f"tracking.uri=sqlite:///mlflow.db (or unset MLFLOW_TRACKING_URI)") from None
+        check_server(uri, timeout)
     elif scheme.startswith("sqlite"):
         path = uri.split(":///", 1)[1] if ":///" in uri else ""
         if path and path != ":memory:":
@@ -69,6 +60,47 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
     else:
         raise TrackingError(f"tracking.uri={uri}: unsupported scheme {scheme!r}: use sqlite:///FILE, http(s)://HOST "
                             f"or a database URI")
+
+
+def check_server(uri: str, timeout: float = 10.0) -> None:
+    """An MLflow server that answers: its /health, then one real API call (a server in front of a dead database
+    still says OK on /health, and each API call may then take minutes to fail). Each is one request with a
+    `timeout`, not MLflow's retry cycle (7 retries with backoff: minutes of silence before any message)."""
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:  # noqa: S310 - user's server
+            status = r.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except http.client.HTTPException as e:  # a listener that does not speak HTTP (ssh, a database port, ...)
+        raise TrackingError(f"tracking.uri={uri} is not an HTTP server (it answered {one_line(e, 80)} on /health): "
+                            f"give an MLflow server's host and port, or set tracking.uri=sqlite:///mlflow.db") from None
+    except (urllib.error.URLError, OSError) as e:  # refused, unknown host, TLS, timed out
+        raise TrackingError(f"tracking.uri={uri} is unreachable ({getattr(e, 'reason', e)}): start the server or set "
+                            f"tracking.uri=sqlite:///mlflow.db (or unset MLFLOW_TRACKING_URI)") from None
+    if status >= 400:
+        raise TrackingError(f"tracking.uri={uri} answered HTTP {status} on /health: check the server "
+                            f"(mlflow server ...) or set tracking.uri=sqlite:///mlflow.db")
+    probe_api(uri, timeout)
+
+
+def probe_api(uri: str, timeout: float) -> None:
+    """One `experiments/search` (max_results=1) with the client's own credentials and TLS settings, no retries."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    what = f"tracking.uri={uri} answers /health but not its API"
+    fix = "check the server's log and its backend store (the database behind mlflow server)"
+    try:
+        r = http_request(get_default_host_creds(uri), "/api/2.0/mlflow/experiments/search", "GET", max_retries=0,
+                         backoff_factor=0, timeout=timeout, raise_on_status=False, params={"max_results": 1})
+    except MlflowException as e:  # timed out, connection dropped
+        timed_out = "timeout" in str(e).lower() or "timed out" in str(e).lower()
+        reason = f"no answer to experiments/search within {timeout:g} s" if timed_out else one_line(e, 160)
+        raise TrackingError(f"{what} ({reason}): {fix}") from None
+    if r.status_code != 200:
+        detail = " ".join(r.text.split())[:160]
+        raise TrackingError(f"{what} (HTTP {r.status_code} on experiments/search: {detail}): {fix}")
 
 
 def client(uri: str):
@@ -221,23 +253,104 @@ def hydra_info(cfg: DictConfig) -> tuple[str | None, dict[str, str]]:
     return name, tags
 
 
-def terminate(cl, run_id: str, status: str, reason: str | None = None, extra_tags: dict | None = None) -> None:
-    """End a run (never leave it RUNNING), retrying briefly: SQLite may be locked by another worker."""
+# ----------------------------------------------------------------------------------------------------------------
+# bounded calls: a store that stops answering ends the run within a stated time, not MLflow's retry cycle
+# (MLFLOW_HTTP_REQUEST_MAX_RETRIES=7 with backoff 2: ~4 min per call, plus up to 120 s per request that hangs)
+
+DEFAULT_MAX_OUTAGE_S = 300.0
+END_TIMEOUT_S = 30.0  # terminate(): the tags and the status of a run that ends, all together
+
+
+def max_outage_s(tracking_cfg) -> float:
+    """`tracking.max_outage_s`, checked: how long a run waits for a store that stopped answering."""
+    v = tracking_cfg.get("max_outage_s", DEFAULT_MAX_OUTAGE_S)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        raise ConfigError(f"tracking.max_outage_s={v!r} must be a positive number of seconds, e.g. 300")
+    return float(v)
+
+
+def call_within(seconds: float, fn, *args, **kwargs):
+    """fn(*args, **kwargs), or TimeoutError when it has not returned within `seconds`. It runs in a daemon thread:
+    an HTTP request in MLflow's retries cannot be cancelled, so one that outlives the bound is left to end (or to
+    die with the process) on its own."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True, name="ablations-tracking-call")
+    t.start()
+    t.join(max(0.0, seconds))
+    if t.is_alive():
+        raise TimeoutError(f"no answer within {seconds:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def transient(e: Exception) -> bool:
+    """A failure that may pass (the server down, restarting, overloaded; SQLite locked): worth retrying. A
+    refusal (bad request, unknown run, no permission) is not."""
     from mlflow.exceptions import MlflowException
 
-    stop_system_metrics(run_id)  # its last samples go in while the run is still RUNNING
-    for attempt in range(5):
-        try:
-            if reason:
-                cl.set_tag(run_id, "failure_reason", reason[:5000])
-            for k, v in (extra_tags or {}).items():
-                cl.set_tag(run_id, k, v)
-            cl.set_terminated(run_id, status=status)
-            return
-        except MlflowException:  # e.g. SQLite locked by another worker
-            if attempt == 4:
-                raise
-            time.sleep(0.5 * (attempt + 1))
+    return isinstance(e, TimeoutError) or (isinstance(e, MlflowException) and
+                                           (e.get_http_status_code() >= 500 or e.get_http_status_code() == 429))
+
+
+class OutageBound:
+    """The tracking calls a training run makes (metrics, checkpoint uploads), through `call`: a store that stops
+    answering is retried until `max_outage_s` after the first call it left unanswered, then the run ends with one
+    TrackingError line. A refusal is raised at once, as MLflow raised it."""
+
+    def __init__(self, uri: str, max_outage_s: float = DEFAULT_MAX_OUTAGE_S, pause_s: float = 2.0):
+        self.uri, self.max_outage_s, self.pause_s = uri, float(max_outage_s), float(pause_s)
+        self.down_since: float | None = None  # time.monotonic() at the start of the first failed call
+
+    def call(self, fn, *args, **kwargs):
+        start = time.monotonic()
+        deadline = (self.down_since or start) + self.max_outage_s
+        while True:
+            try:
+                out = call_within(deadline - time.monotonic(), fn, *args, **kwargs)
+                self.down_since = None
+                return out
+            except Exception as e:  # noqa: BLE001 - sorted by transient(); the rest re-raised as they came
+                if not transient(e):
+                    raise
+                self.down_since = self.down_since or start
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TrackingError(
+                        f"tracking.uri={self.uri}: no answer for {time.monotonic() - self.down_since:.0f} s "
+                        f"(tracking.max_outage_s={self.max_outage_s:g}; {one_line(e, 160)}): the run's checkpoint "
+                        f"is kept; when the store is back, continue with resume=auto") from None
+                time.sleep(min(self.pause_s, left))
+
+
+def terminate(cl, run_id: str, status: str, reason: str | None = None, extra_tags: dict | None = None,
+              timeout: float = END_TIMEOUT_S) -> None:
+    """End a run (never leave it RUNNING while its store answers): the tags, then the status, retried (SQLite may
+    be locked by another worker, a server may be restarting) for `timeout` seconds in all. A store that does not
+    answer in time: TrackingError, and the run stays as the store last had it (RUNNING)."""
+    deadline = time.monotonic() + timeout
+    stop_system_metrics(run_id, timeout=min(10.0, timeout / 4))  # its last samples go in while still RUNNING
+    tags = {**({"failure_reason": reason[:5000]} if reason else {}), **(extra_tags or {})}
+
+    def end():
+        for k, v in tags.items():
+            cl.set_tag(run_id, k, v)
+        cl.set_terminated(run_id, status=status)
+
+    bound = OutageBound(cl.tracking_uri, max_outage_s=max(0.0, deadline - time.monotonic()), pause_s=0.5)
+    try:
+        bound.call(end)
+    except TrackingError:
+        raise TrackingError(f"tracking.uri={cl.tracking_uri}: could not mark run {run_id} {status} within "
+                            f"{timeout:g} s (the store did not answer): it stays RUNNING; resume=auto continues "
+                            f"it") from None
 
 
 def get_run(cl, run_id: str, uri: str):
@@ -272,25 +385,34 @@ def start_system_metrics(tracking_cfg, uri: str, run_id: str) -> None:
     _MONITORS[run_id] = mon
 
 
-def stop_system_metrics(run_id: str) -> None:
+def stop_system_metrics(run_id: str, timeout: float = 10.0) -> None:
     """Stop the run's monitor (if any) and log one last sample covering the time since its last one: MLflow's
-    loop drops an unfinished interval, so a run shorter than one interval would otherwise get no system metrics."""
+    loop drops an unfinished interval, so a run shorter than one interval would otherwise get no system metrics.
+    Within `timeout` seconds: a monitor stuck in MLflow's retries (the store down) is left behind, unlogged."""
     mon = _MONITORS.pop(run_id, None)
     if mon is None or mon._process is None:
         return
+    import logging
+
     from mlflow.exceptions import MlflowException
 
+    deadline = time.monotonic() + timeout
     thread = mon._process
     mon._shutdown_event.set()
-    thread.join()
+    thread.join(timeout)
     for m in mon.monitors:  # psutil's CPU percentage is since the previous call: the unfinished interval
         m.clear_metrics()
     mon.collect_metrics()
-    try:
+
+    def publish():
         mon.publish_metrics(mon.aggregate_metrics())
         mon.mlflow_logger.flush()
-    except MlflowException as e:  # the run's store went away: the training result stands without them
-        import logging
 
-        logging.getLogger("ablations").warning("could not log system metrics of run %s: %s", run_id, e)
+    try:
+        if thread.is_alive():
+            raise TimeoutError(f"its monitor did not stop within {timeout:g} s")
+        call_within(deadline - time.monotonic(), publish)
+    except (MlflowException, TimeoutError) as e:  # the store went away: the training result stands without them
+        logging.getLogger("ablations").warning("could not log system metrics of run %s: %s", run_id,
+                                               one_line(e, 200))
     mon._process = None

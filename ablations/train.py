@@ -324,7 +324,7 @@ def build_metrics(cfg: DictConfig, uri: str, data: TokenData, shape: StepShape, 
     """The callback that logs loss, throughput and MFU to the run (its id is set once the run exists)."""
     log_every = int(cfg.tracking.get("log_every_n_steps") or cfg.trainer.get("log_every_n_steps", 10))
     return MetricsCallback(None, uri, shape.tokens, accounting["flops_per_token"], peak.flops, log_every,
-                           data.val_tokens_per_byte, int(cfg.trainer.max_steps))
+                           data.val_tokens_per_byte, int(cfg.trainer.max_steps), trk.max_outage_s(cfg.tracking))
 
 
 def build_trainer(cfg: DictConfig, hw: Hardware, ckpt: CheckpointPlan, metrics: MetricsCallback,
@@ -508,8 +508,8 @@ def end_run_on_error(run: Run | None, e: BaseException) -> None:
         try:
             trk.terminate(run.client, run.id, status, reason=reason,
                           extra_tags={"pruned": "true"} if pruned else None)
-        except MlflowException as e2:
-            log.error("could not mark MLflow run %s %s: %s", run.id, status, e2)
+        except (MlflowException, TrackingError) as e2:
+            log.error("could not mark MLflow run %s %s: %s", run.id, status, one_line(e2, 300))
     if isinstance(e, SIGTERMException):  # Lightning's is a SystemExit with code 0: exit 128+SIGTERM
         raise SystemExit(143) from e
 
@@ -531,13 +531,13 @@ def _container(cfg: DictConfig) -> dict:
 
 
 def config_hash(cfg: DictConfig) -> str:
-    """sha256 of the resolved config minus `resume`, `progress_every_n_steps`, `tracking.system_metrics*` (and
-    hydra): names the checkpoint dir of a run (so how a run reports its progress does not decide which checkpoint
-    it resumes)."""
+    """sha256 of the resolved config minus `resume`, `progress_every_n_steps`, `tracking.system_metrics*`,
+    `tracking.log_checkpoints`, `tracking.max_outage_s` (and hydra): names the checkpoint dir of a run (so how a
+    run reports its progress, and how it is watched and kept, do not decide which checkpoint it resumes)."""
     c = _container(cfg)
     c.pop("resume", None)
     c.pop("progress_every_n_steps", None)
-    for k in ("system_metrics", "system_metrics_interval", "log_checkpoints"):  # how a run is watched and kept
+    for k in ("system_metrics", "system_metrics_interval", "log_checkpoints", "max_outage_s"):  # how a run is watched
         c.get("tracking", {}).pop(k, None)
     return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -286,23 +286,43 @@ def test_submitit_local_multirun_lands_one_finished_run_per_job(server, tmp_path
     assert len(logs) == 2 and all("[ablations] done:" in f.read_text() for f in logs)
 
 
-def test_metrics_past_the_retry_window_fail_with_one_line(monkeypatch):
-    """A server gone for longer than MLflow's retries: the metrics callback raises one TrackingError line that says
-    how to continue (`resume=auto`), and keeps the unlogged points (nothing is dropped before they are logged)."""
-    from types import SimpleNamespace
 
-    from mlflow.entities import Metric
-    from pgtest import free_port
+def test_an_outage_past_max_outage_s_ends_the_run_in_one_line_and_resume_continues_it(server, tmp_path,
+                                                                                     shakespeare_path):
+    """Issue 27 item 8 against the real server: stopped mid-run for longer than tracking.max_outage_s=5, the run
+    ends with one line (exit 2, no traceback) within the bound plus terminate()'s 30 s, its checkpoint kept, left
+    RUNNING (the server is still down when it ends); started again, `resume=auto` continues the same run to
+    FINISHED, each logged step once. The FAILED case (the store back within terminate()'s window) is
+    tests/test_tracking_faults.py's."""
+    env, c, steps, every = env_for(tmp_path), MlflowClient(server.url), 60, 2
+    args = tiny(shakespeare_path, **{"tracking.uri": server.url, "tracking.experiment": "outage",
+                                     "trainer.max_steps": steps, "trainer.log_every_n_steps": every,
+                                     "checkpoint.every_n_steps": 10, "tracking.max_outage_s": 5})
+    a = cli("ablations.run", args, tmp_path / "A", env)
 
-    from ablations.errors import TrackingError
-    from ablations.metrics import MetricsCallback
+    def training_past_step_20():
+        runs = only_run(c, "outage")
+        hist = c.get_metric_history(runs[0].info.run_id, "train/loss") if runs else []
+        return max((m.step for m in hist), default=0) >= 20 and runs[0].info.run_id
 
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    cb = MetricsCallback("0" * 32, uri, 256, 1000, 1e12, 1, 1.0, 10)
-    cb._buffer = [Metric("train/loss", 1.0, 0, 1)]
-    with pytest.raises(TrackingError) as e:
-        cb.flush(SimpleNamespace(is_global_zero=True))
-    msg = str(e.value)
-    assert "\n" not in msg and uri in msg and "resume=auto" in msg
-    assert len(cb._buffer) == 1
+    run_id = until(training_past_step_20, a, timeout=240, what="the run to log step 20")
+    t_stop = time.monotonic()
+    server.stop()
+    out = finish(a, timeout=180)
+    ended = time.monotonic() - t_stop
+    server.start()
+    assert a.returncode == 2 and "Traceback" not in out, out[-4000:]
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("error: ")]
+    assert line.startswith(f"error: tracking.uri={server.url}: no answer for "), line
+    assert "(tracking.max_outage_s=5;" in line and "checkpoint is kept" in line and "resume=auto" in line
+    assert ended < 5 + 30 + 30, ended  # the bound, terminate()'s 30 s, slack for a busy machine
+    assert list((tmp_path / "A" / "checkpoints").rglob("last.ckpt"))
+    assert c.get_run(run_id).info.status == "RUNNING"
+
+    b = cli("ablations.run", [*args, "resume=auto"], tmp_path / "A", env)  # the same machine, its checkpoint
+    out_b = finish(b)
+    assert b.returncode == 0, out_b[-4000:]
+    (after,) = only_run(c, "outage")
+    assert after.info.run_id == run_id and after.info.status == "FINISHED"
+    loss = [m.step for m in sorted(c.get_metric_history(run_id, "train/loss"), key=lambda m: (m.timestamp, m.step))]
+    assert loss == list(range(every, steps + 1, every))  # none lost in the outage, none logged twice
