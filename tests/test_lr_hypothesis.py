@@ -57,7 +57,8 @@ def test_page_states_the_hypothesis_and_each_verdict():
                             ("sp", 64): 2.4, ("sp", 256): 2.305}))
     opt = lt.optima(cur)
     text = lh.page(lh.judge(cur, opt, lt.transfer(opt)), "..")
-    assert "## Hypothesis (stated before the runs)" in text and "![the earlier study's figure](../lr_transfer.svg)" in text
+    assert "## Hypothesis (stated before the runs)" in text
+    assert "![the earlier study's figure](../lr_transfer.svg)" in text
     assert "- **(b) held** for AdamW: at width 256, μP at the transferred lr 0.00781 reaches 2.300, SP at its best " \
            "lr 0.00391 2.305: μP minus SP -0.005 against a seed range of 0.010." in text
     assert "- **(c) held** for AdamW: mean loss from the narrowest to the widest width at each lr, lr 0.00391: " \
