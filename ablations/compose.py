@@ -30,19 +30,24 @@ def config_dir(conf_dir: Path | str = CONF_DIR, job_name: str = "app") -> Iterat
 
 def compose(overrides: Sequence[str], conf_dir: Path | str = CONF_DIR, job_name: str = "app") -> DictConfig:
     """conf/config.yaml composed with `overrides`, as `python -m ablations.run <overrides>` would compose it."""
+    with config_dir(conf_dir, job_name):
+        return compose_here(overrides)
+
+
+def compose_here(overrides: Sequence[str], hydra_config: bool = False) -> DictConfig:
+    """conf/config.yaml composed with `overrides` inside `config_dir()` (with the `hydra` node: its sweeper params,
+    runtime choices)."""
     from hydra import compose as hydra_compose
 
-    with config_dir(conf_dir, job_name):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+    return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
 
 
 def compose_run(overrides: Sequence[str]) -> DictConfig:
     """The training config of one run, inside `config_dir()`: like @hydra.main, HydraConfig.get() works (runtime
     choices, overrides, which ablations.train tags) and the config has no `hydra` key."""
-    from hydra import compose as hydra_compose
     from hydra.core.hydra_config import HydraConfig
 
-    cfg = hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    cfg = compose_here(overrides, hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]

@@ -14,7 +14,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ablations.compose import CONF_DIR, compose_run, config_dir
+from ablations.compose import CONF_DIR, compose_here, compose_run, config_dir
 from ablations.errors import one_line
 from ablations.tracking import tracking_uri
 from sweeps.study import SweepError, parse_overrides as _parse_overrides
@@ -175,18 +175,16 @@ def _sizes(v: Mapping) -> list[Size]:
 def load_spec(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
     """The protocol a command line describes, every key checked (one line naming it). `verdict.seeds: plan` leaves
     `planned` set and the seed counts at 1: sweeps.verdict.load_protocol asks sweeps.plan for them."""
-    from hydra import compose
-
     verdict_ov, run_ov = _split(argv)
     with config_dir(conf_dir, job_name="verdict"):
         try:
-            root = compose(config_name="config", overrides=[*verdict_ov, *run_ov])
+            root = compose_here([*verdict_ov, *run_ov])
             v = OmegaConf.to_container(root.verdict, resolve=True)
             experiment = next((o.split("=", 1)[1] for o in run_ov if o.startswith("experiment=")), None)
             experiment = experiment or v.get("experiment")
             run_ov = [o for o in run_ov if not o.startswith("experiment=")]
             head = [f"experiment={experiment}"] if experiment else []
-            probe = compose(config_name="config", overrides=[*head, *run_ov], return_hydra_config=True)
+            probe = compose_here([*head, *run_ov], hydra_config=True)
         except (HydraException, OmegaConfBaseException) as e:
             raise VerdictError(f"config error: {one_line(e)}") from None
     params = OmegaConf.to_container(probe.hydra.sweeper.params, resolve=True) if probe.hydra.sweeper.get("params") \

@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import FrozenTrial, TrialState
 
-from ablations.compose import CONF_DIR, compose_run, config_dir
+from ablations.compose import CONF_DIR, compose_here, compose_run, config_dir
 from ablations.errors import one_line
 from ablations.tracking import tracking_uri
 from modules.errors import AblationsError
@@ -364,11 +364,8 @@ def _values_of(overrides: list[str]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------------- workers
 # sweep.workers=N|auto: N copies of this command on this machine, all in the same study (the storage's budget lock
-# keeps n_trials exact, as for workers on several machines). Measured on the 2-core CPU machine (40 fake trials,
-# 2 and 4 processes): SQLite (RDBStorage) and Optuna's JournalFileBackend both gave exactly 40 trials, no errors,
-# none left RUNNING, with the budget lock (both overshot to 41 without it); the journal costs ~0.1 s per trial,
-# SQLite ~0.5 s, nothing next to a training run, and only the RDB storage has the heartbeats that retry a dead
-# worker's trial. So local workers share the SQLite default.
+# keeps n_trials exact, as for workers on several machines). They share the SQLite default: docs/sweeps.md has the
+# measurement that chose it over Optuna's journal file.
 
 
 def parse_workers(value: Any) -> int | str:
@@ -473,8 +470,28 @@ def launch_workers(user_overrides: list[str], settings: SweepSettings, out=None)
     return next((c for c in codes if c), 0)
 
 
+@dataclass(frozen=True)
+class SearchPlan:
+    """What this worker searches and what every trial starts from: the space without the keys an override pins,
+    the overrides applied to every trial (the sweep's fixed ones, then the user's; later wins per key), and their
+    values (for `when` conditions)."""
+    space: SearchSpace
+    base: list[str]
+    fixed_values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OpenStudy:
+    """The study joined (or created) in its storage, with the storage (heartbeats) and the study's budget lock."""
+    study: optuna.Study
+    storage: Any
+    lock: BudgetLock
+    created: bool
+
+
 class Sweep:
-    """One worker of one study. ``run()`` returns the process exit code."""
+    """One worker of one study: settings -> search space -> storage and study -> loop, each step returning what
+    the next one takes. ``run()`` returns the process exit code; ``run_study()`` the study (sweeps.verdict)."""
 
     def __init__(self, overrides: list[str], train_fn: TrainFn | None = None, out=None, conf_dir: Path = CONF_DIR,
                  sweep_patch: Mapping[str, Any] | None = None):
@@ -485,180 +502,205 @@ class Sweep:
         self.conf_dir = Path(conf_dir)
         self.train_fn = train_fn
         self.user_overrides = list(overrides)
-        parsed = parse_overrides(self.user_overrides)
-        for o in parsed:
-            if o.is_sweep_override():
-                raise SweepError(f"override {o.input_line!r} is a Hydra multirun sweep; a sweep samples values from "
-                                 f"conf/sweep/<name>.yaml instead (one value per key here)")
-        names = available_sweeps(self.conf_dir)
-        sweep_names = [o.value() for o in parsed if _override_key(o) == "sweep" and not o.is_delete()]
-        if not sweep_names or not sweep_names[-1]:
-            raise SweepError(f"no sweep given: use sweep=<name>; valid sweeps: {', '.join(names) or '(none)'}")
-        self.name = str(sweep_names[-1])
-        if self.name not in names:
-            raise SweepError(f"unknown sweep '{self.name}'; valid sweeps: {', '.join(names) or '(none)'} "
-                             f"(files in {self.conf_dir / 'sweep'})")
-        # Everything but the sweep group itself is applied to each trial (the sweep YAML is not a training config).
-        self.trial_user_overrides = [o.input_line for o in parsed if not _is_sweep_key(_override_key(o))]
+        self.name, self.trial_user_overrides = _sweep_name(self.user_overrides, self.conf_dir)
 
-    # -- hydra
-    def compose(self, overrides: list[str], hydra_config: bool = False) -> DictConfig:
-        from hydra import compose
-
-        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_config)
-
-    def compose_trial(self, overrides: list[str]) -> DictConfig:
-        return compose_run(overrides)
-
-    def validate_model(self, cfg: DictConfig) -> None:
-        """Raise ValueError (modules' ConfigError) for an invalid model config, before any weights, data or MLflow
-        run exist."""
-        from modules.config import GPTConfig
-
-        probe = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-        try:
-            vocab = OmegaConf.select(cfg, "model.vocab_size", default=None, throw_on_missing=False)
-        except OmegaConfBaseException:  # an interpolation that cannot resolve yet
-            vocab = None
-        with open_dict(probe):
-            probe.model.vocab_size = vocab if isinstance(vocab, int) else 256  # char tokenizer: known at run time
-        GPTConfig.from_dict(OmegaConf.to_container(probe.model, resolve=True))
-
-    # -- main
     def run(self) -> int:
+        """Start the local workers (sweep.workers > 1) or be the one worker."""
         with config_dir(self.conf_dir, job_name="sweep"):
-            try:
-                root = self.compose(self.user_overrides)
-            except (HydraException, OmegaConfBaseException) as e:
-                raise SweepError(f"config error: {one_line(e)}") from None
-            sweep_cfg = OmegaConf.to_container(root.sweep, resolve=True) if root.get("sweep") else None
-            if not sweep_cfg:
-                raise SweepError(f"conf/sweep/{self.name}.yaml is empty")
-            sweep_cfg.update(self.sweep_patch)
-            self.settings = settings = SweepSettings.from_config(self.name, sweep_cfg)
+            settings = self.read_settings()
             if settings.workers != 1:
                 return launch_workers(self.user_overrides, settings, out=self.out)
-            return self._run(root, settings)
+            self.work(settings)
+        return 0
 
-    def _base_overrides(self, settings: SweepSettings) -> tuple[list[str], dict[str, Any]]:
-        """Overrides applied to every trial (sweep's fixed overrides, then the user's, later wins per key)."""
-        fixed = parse_overrides(settings.overrides)
-        user = parse_overrides(self.trial_user_overrides)
-        user_keys = {_override_key(o) for o in user}
-        merged = [o.input_line for o in fixed if _override_key(o) not in user_keys] + [o.input_line for o in user]
-        keys = {_override_key(o) for o in fixed} | user_keys
-        if settings.mlflow_experiment is not None or not ({"tracking.experiment", "experiment"} & keys):
-            exp = settings.mlflow_experiment or settings.study_name
-            merged = [m for m in merged if _override_key(parse_overrides([m])[0]) != "tracking.experiment"]
-            merged.append(f"tracking.experiment={format_value(exp)}")
-        return merged, _values_of(merged)
+    def run_study(self) -> optuna.Study:
+        """This process's share of the study's trials; the study, every worker's trials in it."""
+        with config_dir(self.conf_dir, job_name="sweep"):
+            return self.work(self.read_settings())
 
-    def _say(self, msg: str) -> None:
-        print(f"[sweep {self.settings.study_name}] {msg}", file=self.out, flush=True)
+    def read_settings(self) -> SweepSettings:
+        """Step 1: conf/sweep/<name>.yaml as composed with the command line (and sweep_patch), checked."""
+        root = _compose(self.user_overrides)
+        sweep_cfg = OmegaConf.to_container(root.sweep, resolve=True) if root.get("sweep") else None
+        if not sweep_cfg:
+            raise SweepError(f"conf/sweep/{self.name}.yaml is empty")
+        sweep_cfg.update(self.sweep_patch)
+        return SweepSettings.from_config(self.name, sweep_cfg)
 
-    def _run(self, root: DictConfig, settings: SweepSettings) -> int:
-        base, fixed_values = self._base_overrides(settings)
-        pinned = {k for k in settings.space.keys if k in fixed_values}
-        space = settings.space.without(pinned)
-        if pinned:
-            self._say(f"not searching {', '.join(sorted(pinned))}: fixed by an override")
-        if not space.params:
-            raise SweepError("every parameter of the search space is fixed by an override: nothing to search")
-        self.space, self.base, self.fixed_values = space, base, fixed_values
-        # A config check before touching the storage: the base config must compose and validate.
-        try:
-            probe = self.compose(base)
-        except (HydraException, OmegaConfBaseException) as e:
-            raise SweepError(f"config error: {one_line(e)}") from None
-        self.uri = tracking_uri(probe)
-        self.mlflow = MlflowLinks(self.uri, OmegaConf.select(probe, "tracking.experiment", default=None))
+    def work(self, settings: SweepSettings) -> optuna.Study:
+        """Steps 2-4 inside config_dir(): the search plan, the study in its storage, then trials until the budget is
+        used; prints the summary and returns the study."""
+        say = _sayer(settings.study_name, self.out)
+        search = search_plan(settings, self.trial_user_overrides, say)
+        probe = _compose(search.base)  # the base config must compose before the storage is touched
+        links = MlflowLinks(tracking_uri(probe), OmegaConf.select(probe, "tracking.experiment", default=None))
         notes: list[str] = []
         sampler = make_sampler(settings, notes)
         trainer_cfg = OmegaConf.to_container(probe.trainer, resolve=True) if "trainer" in probe else {}
         pruner = make_pruner(settings, trainer_cfg, notes)
-        self.pruning = not isinstance(pruner, optuna.pruners.NopPruner)
+        pruning = not isinstance(pruner, optuna.pruners.NopPruner)
         for note in notes:
-            self._say(note)
-
-        check_url(settings.storage)
-        lock = BudgetLock(settings.storage, settings.study_name)
-        directions = [o.direction for o in settings.objectives]
-        with lock():
-            # Under the study's lock: the first workers on a fresh database would race creating the tables.
-            storage = make_storage(settings.storage, settings.heartbeat_interval, settings.grace_period,
-                                   settings.max_retry, on_stale=self._on_stale)
-            self.storage = storage
-            # Open (and on first use create) the MLflow store while holding the study's lock: two workers
-            # creating a fresh mlflow.db at once race in MLflow's schema migration.
-            self.mlflow.check()
-            try:
-                study = optuna.create_study(storage=storage, study_name=settings.study_name, sampler=sampler,
-                                            pruner=pruner, directions=directions, load_if_exists=False)
-                created = True
-            except optuna.exceptions.DuplicatedStudyError:
-                study = optuna.load_study(study_name=settings.study_name, storage=storage, sampler=sampler,
-                                          pruner=pruner)
-                created = False
-            if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
-                have = ", ".join(d.name.lower() for d in study.directions)
-                raise SweepError(f"study '{settings.study_name}' in {mask_url(settings.storage)} has directions "
-                                 f"[{have}], the sweep asks for [{', '.join(directions)}]: use another "
-                                 f"sweep.study_name")
-            if created:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    study.set_metric_names([o.metric for o in settings.objectives])
-                study.set_user_attr("sweep", settings.name)
-                study.set_user_attr("objectives", [f"{o.direction} {o.metric}" for o in settings.objectives])
-                study.set_user_attr("mlflow_tracking_uri", mask_url(self.uri))
-                study.set_user_attr("mlflow_experiment", self.mlflow.experiment)
-                for params in settings.enqueue[: settings.n_trials]:
-                    study.enqueue_trial(params, skip_if_exists=True)
-        self.study = study
-        if lock.warning:
-            self._say(f"warning: {lock.warning}")
-        n_done = len([t for t in study.get_trials(deepcopy=False) if t.state in FINISHED])
-        self._say(f"{'created' if created else 'joined'} study in {mask_url(settings.storage)}: "
-                  f"{n_done} finished of n_trials={settings.n_trials} (total over all workers); "
-                  f"objectives: {', '.join(f'{o.direction} {o.metric}' for o in settings.objectives)}; "
-                  f"sampler {settings.sampler['name']}, pruner {settings.pruner['name'] if self.pruning else 'none'}")
+            say(note)
+        opened = open_study(settings, links, sampler, pruner, say)
+        runner = TrialRunner(settings, search, links, opened.storage, pruning, self.train_fn, say)
         try:
-            self._loop(study, lock)
+            runner.loop(opened.study, opened.lock)
         finally:
-            lock.close()
-        self.print_summary(study)
-        return 0
+            opened.lock.close()
+        print(summarize(opened.study, settings), file=self.out, flush=True)
+        return opened.study
 
-    def _loop(self, study: optuna.Study, lock: BudgetLock) -> None:
+
+def _sweep_name(overrides: list[str], conf_dir: Path) -> tuple[str, list[str]]:
+    """(the sweep's name, the overrides every trial gets: all but the sweep group's). One value per key: a Hydra
+    multirun sweep (a,b) is refused."""
+    parsed = parse_overrides(overrides)
+    for o in parsed:
+        if o.is_sweep_override():
+            raise SweepError(f"override {o.input_line!r} is a Hydra multirun sweep; a sweep samples values from "
+                             f"conf/sweep/<name>.yaml instead (one value per key here)")
+    names = available_sweeps(conf_dir)
+    sweep_names = [o.value() for o in parsed if _override_key(o) == "sweep" and not o.is_delete()]
+    if not sweep_names or not sweep_names[-1]:
+        raise SweepError(f"no sweep given: use sweep=<name>; valid sweeps: {', '.join(names) or '(none)'}")
+    name = str(sweep_names[-1])
+    if name not in names:
+        raise SweepError(f"unknown sweep '{name}'; valid sweeps: {', '.join(names) or '(none)'} "
+                         f"(files in {conf_dir / 'sweep'})")
+    # Everything but the sweep group itself is applied to each trial (the sweep YAML is not a training config).
+    return name, [o.input_line for o in parsed if not _is_sweep_key(_override_key(o))]
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    """The config of `overrides` inside config_dir(), a Hydra error as one line."""
+    try:
+        return compose_here(overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise SweepError(f"config error: {one_line(e)}") from None
+
+
+def _sayer(study_name: str, out) -> Callable[[str], None]:
+    def say(msg: str) -> None:
+        print(f"[sweep {study_name}] {msg}", file=out, flush=True)
+    return say
+
+
+def search_plan(settings: SweepSettings, trial_user_overrides: list[str], say) -> SearchPlan:
+    """Step 2: the overrides every trial starts from and the space left to search (a key an override fixes is
+    not searched)."""
+    fixed = parse_overrides(settings.overrides)
+    user = parse_overrides(trial_user_overrides)
+    user_keys = {_override_key(o) for o in user}
+    base = [o.input_line for o in fixed if _override_key(o) not in user_keys] + [o.input_line for o in user]
+    keys = {_override_key(o) for o in fixed} | user_keys
+    if settings.mlflow_experiment is not None or not ({"tracking.experiment", "experiment"} & keys):
+        exp = settings.mlflow_experiment or settings.study_name
+        base = [m for m in base if _override_key(parse_overrides([m])[0]) != "tracking.experiment"]
+        base.append(f"tracking.experiment={format_value(exp)}")
+    fixed_values = _values_of(base)
+    pinned = {k for k in settings.space.keys if k in fixed_values}
+    if pinned:
+        say(f"not searching {', '.join(sorted(pinned))}: fixed by an override")
+    space = settings.space.without(pinned)
+    if not space.params:
+        raise SweepError("every parameter of the search space is fixed by an override: nothing to search")
+    return SearchPlan(space, base, fixed_values)
+
+
+def open_study(settings: SweepSettings, links: MlflowLinks, sampler, pruner, say) -> OpenStudy:
+    """Step 3: the storage (created on first use), the MLflow store checked, the study created or joined, all
+    under the study's budget lock: the first workers on a fresh database would race creating the tables, and two
+    workers creating a fresh mlflow.db at once race in MLflow's schema migration."""
+    check_url(settings.storage)
+    lock = BudgetLock(settings.storage, settings.study_name)
+    directions = [o.direction for o in settings.objectives]
+    with lock():
+        storage = make_storage(settings.storage, settings.heartbeat_interval, settings.grace_period,
+                               settings.max_retry, on_stale=_stale_handler(settings, links))
+        links.check()
+        try:
+            study = optuna.create_study(storage=storage, study_name=settings.study_name, sampler=sampler,
+                                        pruner=pruner, directions=directions, load_if_exists=False)
+            created = True
+        except optuna.exceptions.DuplicatedStudyError:
+            study = optuna.load_study(study_name=settings.study_name, storage=storage, sampler=sampler, pruner=pruner)
+            created = False
+        if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
+            have = ", ".join(d.name.lower() for d in study.directions)
+            raise SweepError(f"study '{settings.study_name}' in {mask_url(settings.storage)} has directions "
+                             f"[{have}], the sweep asks for [{', '.join(directions)}]: use another sweep.study_name")
+        if created:
+            _describe_new_study(study, settings, links)
+    if lock.warning:
+        say(f"warning: {lock.warning}")
+    n_done = len([t for t in study.get_trials(deepcopy=False) if t.state in FINISHED])
+    say(f"{'created' if created else 'joined'} study in {mask_url(settings.storage)}: "
+        f"{n_done} finished of n_trials={settings.n_trials} (total over all workers); "
+        f"objectives: {', '.join(f'{o.direction} {o.metric}' for o in settings.objectives)}; "
+        f"sampler {settings.sampler['name']}, pruner {pruner_name(settings, pruner)}")
+    return OpenStudy(study, storage, lock, created)
+
+
+def pruner_name(settings: SweepSettings, pruner) -> str:
+    return settings.pruner["name"] if not isinstance(pruner, optuna.pruners.NopPruner) else "none"
+
+
+def _describe_new_study(study: optuna.Study, settings: SweepSettings, links: MlflowLinks) -> None:
+    """A new study's metric names, user attrs (sweep, objectives, where its runs are) and enqueued points."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([o.metric for o in settings.objectives])
+    study.set_user_attr("sweep", settings.name)
+    study.set_user_attr("objectives", [f"{o.direction} {o.metric}" for o in settings.objectives])
+    study.set_user_attr("mlflow_tracking_uri", mask_url(links.uri))
+    study.set_user_attr("mlflow_experiment", links.experiment)
+    for params in settings.enqueue[: settings.n_trials]:
+        study.enqueue_trial(params, skip_if_exists=True)
+
+
+def stale_reason(settings: SweepSettings) -> str:
+    return (f"worker lost: no heartbeat for {settings.grace_period or 2 * settings.heartbeat_interval}s "
+            f"(killed, preempted or out of memory)")
+
+
+def _stale_handler(settings: SweepSettings, links: MlflowLinks) -> Callable[[optuna.Study, FrozenTrial], None]:
+    """Before a stale trial is re-queued: end its MLflow run and keep run-specific attrs off the retry."""
+    def on_stale(study: optuna.Study, trial: FrozenTrial) -> None:
+        run_id = trial.user_attrs.get("mlflow_run_id") or links.find_run(study.study_name, trial.number)
+        if run_id:
+            links.kill_if_running(run_id, stale_reason(settings))
+            links.set_tags(run_id, {"optuna.state": "FAIL"})
+        # RetryHeartbeatStaleTrialCallback copies user attrs to the retry; these describe the dead attempt only.
+        for key in ("mlflow_run_id", "fail_reason", "metrics"):
+            trial.user_attrs.pop(key, None)
+    return on_stale
+
+
+class TrialRunner:
+    """Step 4: ask, train and tell until the study's budget is used. Holds what every trial reads, set once."""
+
+    def __init__(self, settings: SweepSettings, search: SearchPlan, links: MlflowLinks, storage, pruning: bool,
+                 train_fn: TrainFn | None, say: Callable[[str], None]):
+        self.settings, self.search, self.links, self.storage = settings, search, links, storage
+        self.pruning, self.train_fn, self.say = pruning, train_fn, say
+
+    def loop(self, study: optuna.Study, lock: BudgetLock) -> None:
         settings = self.settings
         started = time.monotonic()
         poll = max(1.0, min(10.0, float(settings.heartbeat_interval or 5)))
         waiting_said = False
         while True:
             if settings.timeout and time.monotonic() - started > float(settings.timeout):
-                self._say(f"sweep.timeout={settings.timeout}s reached: no new trials from this worker")
+                self.say(f"sweep.timeout={settings.timeout}s reached: no new trials from this worker")
                 return
-            trial = None
-            with lock():
-                if settings.heartbeat_interval:
-                    stale = fail_stale_trials(study, self._stale_reason())
-                    if stale:
-                        self._say(f"trial(s) {stale} lost their worker (no heartbeat): marked FAIL, re-queued "
-                                  f"up to {settings.max_retry} time(s)")
-                trials = study.get_trials(deepcopy=False)
-                queued = any(t.state == TrialState.WAITING for t in trials)
-                if budget_used(trials) < settings.n_trials or queued:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")  # "Heartbeat ... supposed to be used with Study.optimize"
-                        trial = study.ask()
-                    heartbeat = Heartbeat(self.storage, trial._trial_id).__enter__()
+            trial, heartbeat, trials = self._ask(study, lock)
             if trial is None:
                 running = [t.number for t in trials if t.state == TrialState.RUNNING]
                 if not running or not settings.wait_for_running:
                     return
                 if not waiting_said:
-                    self._say(f"budget of {settings.n_trials} trials used; waiting for running trial(s) {running} "
-                              f"(retried here if their worker died)")
+                    self.say(f"budget of {settings.n_trials} trials used; waiting for running trial(s) {running} "
+                             f"(retried here if their worker died)")
                     waiting_said = True
                 time.sleep(poll)
                 continue
@@ -675,21 +717,25 @@ class Sweep:
             finally:
                 heartbeat.__exit__()
 
-    def _stale_reason(self) -> str:
-        return (f"worker lost: no heartbeat for {self.settings.grace_period or 2 * self.settings.heartbeat_interval}s "
-                f"(killed, preempted or out of memory)")
+    def _ask(self, study: optuna.Study, lock: BudgetLock):
+        """Under the budget lock: fail the trials whose worker stopped (re-queued), then ask for a trial if the
+        budget allows. -> (trial or None, its heartbeat or None, the study's trials as seen)."""
+        settings = self.settings
+        with lock():
+            if settings.heartbeat_interval:
+                stale = fail_stale_trials(study, stale_reason(settings))
+                if stale:
+                    self.say(f"trial(s) {stale} lost their worker (no heartbeat): marked FAIL, re-queued "
+                             f"up to {settings.max_retry} time(s)")
+            trials = study.get_trials(deepcopy=False)
+            queued = any(t.state == TrialState.WAITING for t in trials)
+            if budget_used(trials) >= settings.n_trials and not queued:
+                return None, None, trials
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Heartbeat ... supposed to be used with Study.optimize"
+                trial = study.ask()
+            return trial, Heartbeat(self.storage, trial._trial_id).__enter__(), trials
 
-    def _on_stale(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        """Before a stale trial is re-queued: end its MLflow run and keep run-specific attrs off the retry."""
-        run_id = trial.user_attrs.get("mlflow_run_id") or self.mlflow.find_run(study.study_name, trial.number)
-        if run_id:
-            self.mlflow.kill_if_running(run_id, self._stale_reason())
-            self.mlflow.set_tags(run_id, {"optuna.state": "FAIL"})
-        # RetryHeartbeatStaleTrialCallback copies user attrs to the retry; these describe the dead attempt only.
-        for key in ("mlflow_run_id", "fail_reason", "metrics"):
-            trial.user_attrs.pop(key, None)
-
-    # -- one trial
     def run_trial(self, study: optuna.Study, trial: optuna.Trial) -> TrialState:
         retry_of = study._storage.get_trial(trial._trial_id).system_attrs.get("failed_trial")
         if retry_of is not None:
@@ -709,8 +755,8 @@ class Sweep:
             run_id = self._link_run(study, trial, run_ids)
             study.tell(trial, state=TrialState.PRUNED)
             if run_id:
-                self.mlflow.set_tags(run_id, {"optuna.state": "PRUNED", "pruned": "true"})
-            self._say(f"trial {trial.number} PRUNED ({e}){self._run_note(run_id)}")
+                self.links.set_tags(run_id, {"optuna.state": "PRUNED", "pruned": "true"})
+            self.say(f"trial {trial.number} PRUNED ({e}){self._run_note(run_id)}")
             return TrialState.PRUNED
         except KeyboardInterrupt:
             self._link_run(study, trial, run_ids)
@@ -728,19 +774,19 @@ class Sweep:
         """The trial's sampled parameters composed into a validated training config, and how they are shown;
         or the FAIL state when sampling, composing or the model config fails."""
         try:
-            params = self.space.suggest(trial, self.fixed_values)
+            params = self.search.space.suggest(trial, self.search.fixed_values)
         except ValueError as e:  # a conditional space / enqueued params mismatch (Optuna raises ValueError)
             return self._fail(study, trial, f"cannot sample parameters: {one_line(e)}")
         sampled = to_overrides(params)
         trial.set_user_attr("overrides", " ".join(sampled))
         shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={format_value(v)}" for k, v in params.items())
-        self._say(f"trial {trial.number} start{f' (retry of {retry_of})' if retry_of is not None else ''}: {shown}")
+        self.say(f"trial {trial.number} start{f' (retry of {retry_of})' if retry_of is not None else ''}: {shown}")
         try:
-            cfg = self.compose_trial(self.base + sampled)
+            cfg = compose_run(self.search.base + sampled)
         except (HydraException, OmegaConfBaseException) as e:
             return self._fail(study, trial, f"config error: {one_line(e)}")
         try:
-            self.validate_model(cfg)
+            validate_model(cfg)
         except (ValueError, AssertionError) as e:
             return self._fail(study, trial, f"invalid model config: {one_line(e)}")
         return cfg, shown
@@ -753,7 +799,7 @@ class Sweep:
         def on_run_id(run_id: str) -> None:
             run_ids.append(run_id)
             trial.set_user_attr("mlflow_run_id", run_id)
-            url = self.mlflow.run_url(run_id)
+            url = self.links.run_url(run_id)
             if url:
                 trial.set_user_attr("mlflow_run_url", url)
 
@@ -793,13 +839,13 @@ class Sweep:
             values.append(float(v))
         study.tell(trial, values)
         if run_id:
-            self.mlflow.set_tags(run_id, {"optuna.state": "COMPLETE"})
+            self.links.set_tags(run_id, {"optuna.state": "COMPLETE"})
         shown = ", ".join(f"{o.metric}={v:.4g}" for o, v in zip(self.settings.objectives, values))
-        self._say(f"trial {trial.number} COMPLETE {shown}{self._run_note(run_id)}")
+        self.say(f"trial {trial.number} COMPLETE {shown}{self._run_note(run_id)}")
         return TrialState.COMPLETE
 
     def _link_run(self, study: optuna.Study, trial: optuna.Trial, run_ids: list[str]) -> str | None:
-        run_id = run_ids[-1] if run_ids else self.mlflow.find_run(study.study_name, trial.number)
+        run_id = run_ids[-1] if run_ids else self.links.find_run(study.study_name, trial.number)
         if run_id and not run_ids:
             trial.set_user_attr("mlflow_run_id", run_id)
         return run_id
@@ -815,13 +861,24 @@ class Sweep:
         trial.set_user_attr("fail_reason", reason)
         study.tell(trial, state=TrialState.FAIL)
         if run_id:
-            self.mlflow.set_tags(run_id, {"optuna.state": "FAIL"})
-        self._say(f"trial {trial.number} FAIL: {reason}{self._run_note(run_id)}")
+            self.links.set_tags(run_id, {"optuna.state": "FAIL"})
+        self.say(f"trial {trial.number} FAIL: {reason}{self._run_note(run_id)}")
         return TrialState.FAIL
 
-    # -- report
-    def print_summary(self, study: optuna.Study) -> None:
-        print(summarize(study, self.settings), file=self.out, flush=True)
+
+def validate_model(cfg: DictConfig) -> None:
+    """Raise ValueError (modules' ConfigError) for an invalid model config, before any weights, data or MLflow run
+    exist."""
+    from modules.config import GPTConfig
+
+    probe = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    try:
+        vocab = OmegaConf.select(cfg, "model.vocab_size", default=None, throw_on_missing=False)
+    except OmegaConfBaseException:  # an interpolation that cannot resolve yet
+        vocab = None
+    with open_dict(probe):
+        probe.model.vocab_size = vocab if isinstance(vocab, int) else 256  # char tokenizer: known at run time
+    GPTConfig.from_dict(OmegaConf.to_container(probe.model, resolve=True))
 
 
 def _free_memory() -> None:

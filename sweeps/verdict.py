@@ -187,9 +187,9 @@ class Verdict:
         overrides = ["sweep=verdict-lr", *p.run_overrides(arm, size), *fixed_seed]
         sweep = Sweep(overrides, train_fn=_with_tags(self.train_fn, p.tags(arm, size, "lr")), out=self.out,
                       conf_dir=self.conf_dir, sweep_patch=patch)
-        sweep.run()
+        study = sweep.run_study()
         values: dict[float, list[float]] = {float(lr): [] for lr in lrs}
-        for t in sweep.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             values[float(t.params["optim.lr"])].append(float(t.value))
         return {lr: (sum(v) / len(v) if len(v) == len(seeds) else float("inf")) for lr, v in values.items()}
 
