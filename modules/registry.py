@@ -2,7 +2,7 @@
 registers it with `@register(family, name)`, and the registry imports each family's package on first use, so a
 new variant is one new file: nothing else lists the names.
 
-    names("norm")            -> ("dyt", "layernorm", "rmsnorm")   (sorted)
+    names("norm")            -> ("dyt", "layernorm", ...)   (every registered name, sorted)
     variant("norm", "dyt")   -> the class; its `Options` dataclass is the family config `cfg.norm`
 """
 from __future__ import annotations

@@ -89,7 +89,7 @@ def kv_cache_sizes(base: dict, device: str) -> tuple[dict, list[str]]:
 
 
 @section
-class Scaling(Section):
+class StepScaling(Section):  # step time and memory against context length and width
     name, order = "scaling", 60
 
     def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
