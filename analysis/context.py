@@ -201,9 +201,10 @@ def ranking_rows(frame: pd.DataFrame, mode: str, arms: list[str]):
         adj = holm([t["p_value"] for t in tests]) if tests else []
         rows.append([str(c), f"`{best}`", f"{np.mean(vals[best]):.4f}", "best", "", ""])
         for a, t, p in zip(ranked[1:], tests, adj):
-            ci = "n/a" if not np.isfinite(t["ci_low"]) else f"[{signed_ascii(t['ci_low'])}, {signed_ascii(t['ci_high'])}]"
-            rows.append(["", f"`{a}`", f"{np.mean(vals[a]):.4f}", f"{signed_ascii(t['delta'])} {ci}", p_text(t["p_value"]),
-                         p_text(p)])
+            ci = "n/a" if not np.isfinite(t["ci_low"]) else \
+                f"[{signed_ascii(t['ci_low'])}, {signed_ascii(t['ci_high'])}]"
+            rows.append(["", f"`{a}`", f"{np.mean(vals[a]):.4f}", f"{signed_ascii(t['delta'])} {ci}",
+                         p_text(t["p_value"]), p_text(p)])
     return ["context", "arm", "mean bpb", "Δ vs best [95% Welch CI]", "p (Welch)", "p (Holm)"], rows
 
 

@@ -60,6 +60,8 @@ class Context:
     shared: list = field(default_factory=list)  # override words shared by every variant (dropped from labels)
     styles: dict = field(default_factory=dict)
     protocol: object = None  # the verdict protocol's runs and recorded design (analysis.protocol.ProtocolRuns)
+    expected: dict = field(default_factory=dict)  # arm -> the direction a paper found (known-results report)
+    sources: dict = field(default_factory=dict)  # other committed reports a kind reads (known results), by name
     study: object = None  # an lr-transfer study's points and design (analysis.lr_transfer.Study)
     table: object = None  # the per-variant table (ablation kind), the verdict table (protocol kind)
     floor: object = None  # analysis.floor.Floor of the runs' data, when the store has one

@@ -44,6 +44,7 @@ LABELS = {"adamw": "AdamW", "muon": "Muon", "sp": "SP", "mup": "μP"}
 MAX_SHIFT = 1  # grid steps: the transfer criterion
 KEY = ["optimizer", "parametrization", "width", "lr", "seed"]
 DIVERGED = "training loss is"  # the harness's DivergenceError message (ablations/lit.py)
+INF_TEXT = "inf (diverged)"  # a loss mean with a diverged seed (document.fixed prints +inf as this)
 # design params shown in the report when the runs agree on them
 DESIGN_PARAMS = ("data.name", "tokenizer.name", "model.n_layer", "model.n_head", "model.block_size",
                  "data.batch_size", "trainer.max_steps", "optim.warmup_steps", "optim.min_lr",
@@ -263,11 +264,6 @@ def figure(cur: pd.DataFrame, opt: pd.DataFrame):
 
 
 # ------------------------------------------------------------------------------------------------ report
-def _f(x: float) -> str:
-    """A loss of this report: 3 decimals, a diverged lr's infinite mean named."""
-    return fixed(x, 3, inf="inf (diverged)")
-
-
 def optima_rows(opt: pd.DataFrame, tr: pd.DataFrame) -> list[list[str]]:
     rows = []
     for t in tr.itertuples():
@@ -275,7 +271,8 @@ def optima_rows(opt: pd.DataFrame, tr: pd.DataFrame) -> list[list[str]]:
                 .sort_values("width").itertuples():
             rows.append([LABELS.get(r.optimizer, r.optimizer), LABELS.get(r.parametrization, r.parametrization),
                          str(r.width), lr_text(r.best_lr), f"{math.log2(r.best_lr):.1f}", str(r.step),
-                         "yes" if r.interior else "**edge**", _f(r.loss), _f(r.spread), str(r.seeds), _f(r.gap)])
+                         "yes" if r.interior else "**edge**", *[fixed(v, 3, INF_TEXT) for v in (r.loss, r.spread)],
+                         str(r.seeds), fixed(r.gap, 3, INF_TEXT)])
     return rows
 
 
@@ -283,7 +280,7 @@ def transfer_rows(tr: pd.DataFrame) -> list[list[str]]:
     return [[LABELS.get(t.optimizer, t.optimizer), LABELS.get(t.parametrization, t.parametrization),
              f"{t.widths} ({t.ratio}x)", f"{t.shift:+d}", str(t.span), str(t.least_span),
              "yes" if t.interior else "no",
-             _f(t.max_spread), f"**{t.verdict}**" if t.held else t.verdict] for t in tr.itertuples()]
+             fixed(t.max_spread, 3, INF_TEXT), f"**{t.verdict}**" if t.held else t.verdict] for t in tr.itertuples()]
 
 
 def grid_rows(cur: pd.DataFrame, o: str, p: str) -> tuple[list[str], list[list[str]]]:
@@ -295,8 +292,9 @@ def grid_rows(cur: pd.DataFrame, o: str, p: str) -> tuple[list[str], list[list[s
         cells = []
         for w in widths:
             x = g[g["width"] == w]
-            cells.append("—" if x.empty else _f(x["mean"].iloc[0]) if not math.isfinite(x["mean"].iloc[0]) else
-                         f"{x['mean'].iloc[0]:.3f} [{x['lo'].iloc[0]:.3f}, {x['hi'].iloc[0]:.3f}]")
+            mean = x["mean"].iloc[0] if len(x) else math.nan
+            cells.append("—" if x.empty else fixed(mean, 3, INF_TEXT) if not math.isfinite(mean) else
+                         f"{fixed(mean, 3)} [{fixed(x['lo'].iloc[0], 3)}, {fixed(x['hi'].iloc[0], 3)}]")
         rows.append([lr_text(lr), *cells])
     return ["lr", *[f"width {w}" for w in widths]], rows
 

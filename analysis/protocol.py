@@ -27,20 +27,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis import common, scaling  # noqa: F401  (common: the shared sections register)
+from analysis import common, forest, scaling  # noqa: F401  (common, forest: their sections register)
 from analysis.document import (ci_text, fit_param, fixed, identifiability_blocks, margin_text, mean_std,
                                multiplier_text, p_text, run_counts, sci, signed)
 from analysis.engine import Context, Kind, section
 from analysis.floor import floor_for_runs, headline
 from analysis.paired import UNPAIRED
 from analysis.plots import scaling_figure, variant_styles
+from analysis.stats import paired_t
 from analysis.store import AnalysisError, RunSet, display_uri
 from analysis.verdict import VERDICT_METRIC, WIDE_MARGIN, Margin, compare_pairs, resolve_margin
 
 STAGE_LR, STAGE_SEEDS = "lr", "seeds"
 SCALING_METRIC = "final_val_loss"
 SCALING_FIGURE = "loss_vs_compute"
-FILES = ("index.md", "index.html", "verdicts.csv", "lr_search.csv", "scaling.csv", "scaling_points.csv", "runs.csv",
+FILES = ("index.md", "index.html", forest.CSV, "verdicts.csv", "lr_search.csv", "scaling.csv", "scaling_points.csv", "runs.csv",
          "left_out.csv")
 RUN_COLUMNS = ("verdict.protocol", "verdict.size", "verdict.family", "verdict.arm", "verdict.stage", "seed",
                "optim.lr", "verdict.budget_flops", "run_id", "run_name", "git_commit", "git_dirty",
@@ -78,19 +79,22 @@ class ProtocolRuns:
     holm_source: str = ""  # how it is known, in words
     primary_arms: tuple = ()  # () = every non-baseline arm
     primary_sizes: tuple = ()  # () = every size
+    paired: bool = False  # a paired test declared before the runs (verdict.paired): arms share each seed's data
 
 
 def declared(inc: pd.DataFrame) -> dict:
     """The Holm family and primary comparisons the runs recorded (verdict.holm, verdict.primary); the default when
-    they recorded none (runs from before the tags): one family of every comparison. AnalysisError if they differ."""
+    they recorded none (runs from before the tags): one family of every comparison. AnalysisError if they differ.
+    `paired`: whether they recorded a paired test declared before the runs (verdict.paired = true)."""
     holm = sorted(set(inc.get("verdict.holm", pd.Series(dtype=object)).dropna().astype(str)))
     prim = sorted(set(inc.get("verdict.primary", pd.Series(dtype=object)).dropna().astype(str)))
     if len(holm) > 1 or len(prim) > 1:
         raise AnalysisError(f"the runs recorded different Holm families ({', '.join(holm + prim)}): one protocol "
                             "declares one family; report its runs of one declaration with --filter")
+    paired = {"paired": "true" in set(inc.get("verdict.paired", pd.Series(dtype=object)).dropna().astype(str))}
     if not holm:
         return {"holm": "study", "holm_source": "not declared before the runs (no verdict.holm tag): the default, "
-                                                "every comparison of the study in one family"}
+                                                "every comparison of the study in one family"} | paired
     parts = dict(kv.split("=", 1) for kv in (prim[0].split(";") if prim else []) if "=" in kv)
 
     def names(key):
@@ -98,7 +102,7 @@ def declared(inc: pd.DataFrame) -> dict:
         return () if v in ("*", "") else tuple(v.split(","))
 
     return {"holm": holm[0], "holm_source": "declared before the runs (verdict.holm, verdict.primary)",
-            "primary_arms": names("arms"), "primary_sizes": names("sizes")}
+            "primary_arms": names("arms"), "primary_sizes": names("sizes")} | paired
 
 
 def select(runset: RunSet, baseline: str | None = None) -> ProtocolRuns:
@@ -208,7 +212,28 @@ def verdicts(p: ProtocolRuns, margin: Margin) -> pd.DataFrame:
                     k: r[k] for k in ("delta", "ci_low", "ci_high", "p_welch", "p_holm", "p_tost", "p_tost_holm",
                                       "tost_ci_low", "tost_ci_high", "holm_family", "holm_family_size", "margin",
                                       "verdict")})
-    return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+    table = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+    return with_paired(p, table) if p.paired else table
+
+
+PAIRED_COLUMNS = ["paired_n", "paired_delta", "paired_ci_low", "paired_ci_high", "correlation"]
+
+
+def with_paired(p: ProtocolRuns, table: pd.DataFrame) -> pd.DataFrame:
+    """The verdict table with the paired difference of each comparison (stats.paired_t over the seeds the arm and
+    the baseline share at that size: same seed, same data order) and the correlation the pairing exploits."""
+    rows = []
+    for _, r in table.iterrows():
+        at = p.seeds[p.seeds["verdict.size"] == r["size"]]
+
+        def by_seed(arm):
+            runs = at[at["verdict.arm"] == arm]
+            return pd.Series(runs[VERDICT_METRIC].astype(float).to_numpy(), index=runs["seed"].astype(int))
+
+        res = paired_t(by_seed(r["arm"]), by_seed(p.baseline)) if r["verdict"] != "baseline" else {}
+        rows.append([res.get("n", 0), res.get("delta", math.nan), res.get("ci_low", math.nan),
+                     res.get("ci_high", math.nan), res.get("correlation", math.nan)])
+    return pd.concat([table, pd.DataFrame(rows, columns=PAIRED_COLUMNS, index=table.index)], axis=1)
 
 
 VERDICT_COLUMNS = ["size", "arm", "family", "n_seeds", "seeds", "lr", "mean", "std", "params", "params_baseline",
@@ -342,21 +367,27 @@ def _params_text(r) -> str:
 
 @section("protocol.head")
 def head_section(ctx: Context) -> list:
-    p, rs = ctx.protocol, ctx.runset
-    n_left = int((p.left_out["scope"] == "report").sum()) if len(p.left_out) else 0
+    """The title, the floor's headline (the best arm at the largest size) and the commit line."""
+    p = ctx.protocol
     b: list = [("h1", f"Verdict protocol report: `{p.name}`")]
     at = ctx.table[ctx.table["size"] == p.sizes[-1]] if len(ctx.table) else ctx.table
     if len(at):
         best = at.loc[at["mean"].idxmin()]
         b.extend(headline(ctx.floor, float(best["mean"]), f"the best arm at the largest size (`{best['arm']}` at "
                                                          f"`{best['size']}`)"))
-    b.extend(_commit_headline(p))
-    b.append(("p", f"MLflow tracking URI `{display_uri(rs.tracking_uri)}`; {rs.description}. Protocol `{p.name}` "
+    return b + _commit_headline(p)
+
+
+@section("protocol.intro")
+def intro_section(ctx: Context) -> list:
+    p, rs = ctx.protocol, ctx.runset
+    n_left = int((p.left_out["scope"] == "report").sum()) if len(p.left_out) else 0
+    b: list = [("p", f"MLflow tracking URI `{display_uri(rs.tracking_uri)}`; {rs.description}. Protocol `{p.name}` "
                    f"(`python -m sweeps.verdict`): **{len(p.arms)}** arms × **{len(p.sizes)}** sizes "
                    f"({', '.join(f'`{s}`' for s in p.sizes)}, smallest compute budget first); **{len(p.seeds)}** "
                    f"seeds-stage runs and **{len(p.lr)}** lr-stage runs are results; {n_left} of {len(rs.runs)} "
                    "matched runs were left out (see [Left out](#left-out)). Baseline arm: "
-                   f"`{p.baseline}`. Arms: " + ", ".join(f"`{a}` ({p.family[a]})" for a in p.arms) + "."))
+                   f"`{p.baseline}`. Arms: " + ", ".join(f"`{a}` ({p.family[a]})" for a in p.arms) + ".")]
     b.append(("p", "Only the **seeds** stage (every arm at its own best lr, seeds other than the lr search's) "
                    "enters the statistics; the lr-stage runs only choose the lr (the winner of a search is biased "
                    "low) and appear in the lr search table alone."))
@@ -434,8 +465,26 @@ def verdicts_section(ctx: Context) -> list:
             f"`{r['arm']}` at `{r['size']}` ({r['params']:,.0f} vs {r['params_baseline']:,.0f} parameters; "
             + _tokens_text(r, table) + ")" for _, r in differ.iterrows())
             + ". A quality difference mixes the architecture with its size."))
+    b.extend(_paired_blocks(ctx))
     b.append(("p", "Machine-readable: `verdicts.csv` (every number above, unrounded)."))
     return b
+
+
+def _paired_blocks(ctx: Context) -> list:
+    """Beside Welch's Δ: the paired Δ over the seeds an arm shares with the baseline, when the protocol declared a
+    paired test before the runs (nothing otherwise: pairing chosen after seeing the data would be a forking path)."""
+    if not ctx.protocol.paired:
+        return []
+    rows = [[f"`{r['size']}`", f"`{r['arm']}`", signed(r["delta"]) + " " + ci_text(r["ci_low"], r["ci_high"]),
+             str(int(r["paired_n"])), signed(r["paired_delta"]) + " " + ci_text(r["paired_ci_low"], r["paired_ci_high"]),
+             "n/a" if not np.isfinite(r["correlation"]) else f"{r['correlation']:+.2f}"]
+            for _, r in ctx.table.iterrows() if r["verdict"] != "baseline"]
+    return [("p", "**Paired** (declared before the runs, `verdict.paired`: an arm's seed s trained on the same data "
+                  "order as the baseline's seed s): the mean over shared seeds of (arm − baseline) with its 95% t "
+                  "interval (n − 1 df), beside Welch's, and the correlation r of the two arms' val bpb across those "
+                  "seeds, which is what pairing gains from (var(a − b) = var a + var b − 2 r sd a sd b: r > 0 "
+                  "narrows the paired interval). The verdicts above rest on Welch's test."),
+            ("table", ["size", "arm", "Δ [95% Welch CI]", "shared seeds", "paired Δ [95% t CI]", "r"], rows)]
 
 
 def _tokens_text(r, table: pd.DataFrame) -> str:
@@ -590,8 +639,8 @@ def throughput_section(ctx: Context) -> list:
 
 
 PROTOCOL = Kind("protocol", load_protocol, lambda ctx: f"Verdict protocol report: {ctx.protocol.name}",
-                ("protocol.head", "protocol.verdicts", "floor", "protocol.lr", "protocol.scaling",
+                ("protocol.head", "forest", "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "protocol.scaling",
                  "protocol.throughput", "paired", "protocol.provenance", "regenerate"),
                 summary=protocol_summary,
                 exit_code=lambda ctx: 0 if len(ctx.protocol.seeds) or len(ctx.protocol.lr) else 1,
-                files=FILES, figures=(SCALING_FIGURE,))
+                files=FILES, figures=(SCALING_FIGURE, forest.FIGURE))

@@ -193,6 +193,25 @@ def tost(a, b, margin: float, alpha: float = ALPHA) -> dict:
     return tost_from_stats(float(a.mean()), sd_a, len(a), float(b.mean()), sd_b, len(b), margin, alpha)
 
 
+def paired_t(a, b, alpha: float = ALPHA) -> dict:
+    """Paired difference of two arms that share their seeds (same seed, same data order): `a`, `b` are Series indexed
+    by seed. Over the seeds both have: the mean of a - b with its (1 - alpha) t interval (n - 1 df), and Pearson's
+    correlation of a and b (what pairing exploits: var(a - b) = var a + var b - 2 cov(a, b)). NaN with < 2 pairs."""
+    from scipy import stats
+
+    pairs = pd.concat([pd.Series(a, dtype=float), pd.Series(b, dtype=float)], axis=1, join="inner").dropna()
+    d = (pairs.iloc[:, 0] - pairs.iloc[:, 1]).to_numpy()
+    out = {"delta": float(d.mean()) if len(d) else math.nan, "ci_low": math.nan, "ci_high": math.nan,
+           "n": len(d), "correlation": math.nan}
+    if len(d) < 2:
+        return out
+    half = float(stats.t.ppf(1 - alpha / 2, len(d) - 1)) * float(d.std(ddof=1)) / math.sqrt(len(d))
+    out.update(ci_low=out["delta"] - half, ci_high=out["delta"] + half)
+    if pairs.iloc[:, 0].std() > 0 and pairs.iloc[:, 1].std() > 0:
+        out["correlation"] = float(np.corrcoef(pairs.iloc[:, 0], pairs.iloc[:, 1])[0, 1])
+    return out
+
+
 def bootstrap_ci(a, b=None, confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0,
                  statistic=np.mean) -> tuple[float, float]:
     """Percentile bootstrap CI (Efron) of statistic(a), or of statistic(a) - statistic(b) when b is given.

@@ -325,3 +325,33 @@ def test_rerun_is_byte_identical(built):
     assert files == sorted(p.relative_to(out2) for p in out2.rglob("*") if p.is_file())
     for f in files:
         assert (out / f).read_bytes() == (out2 / f).read_bytes(), f
+
+
+def test_forest_plot_opens_the_report_and_draws_the_table_numbers(built):
+    """The forest plot's data, by hand: Δ = mean(arm) − mean(baseline), its Welch CI, and each seed of the arm minus
+    the baseline's mean (rope at m: 1.65, 1.66, 1.64 against a baseline mean of 1.83)."""
+    from analysis.forest import forest_figure
+
+    _, _, out, _, table = built
+    forest = pd.read_csv(out / "forest.csv", keep_default_na=False)
+    # the verdict table's order: sizes by budget, arms by (family, name)
+    assert len(forest) == 12 and list(forest["label"][:4]) == ["geglu at xs", "swiglu at xs", "rmsnorm at xs",
+                                                                "rope at xs"]
+    r = forest[forest["label"] == "rope at m"].iloc[0]
+    base = float(np.mean(BPB["m"]["baseline"]))
+    assert r["delta"] == pytest.approx(np.mean(BPB["m"]["rope"]) - base, abs=1e-12)
+    assert (r["ci_low"], r["ci_high"]) == (row(table, "m", "rope")["ci_low"], row(table, "m", "rope")["ci_high"])
+    dots = [float(v) for v in r["seed_deltas"].split(";")]
+    np.testing.assert_allclose(dots, [v - base for v in BPB["m"]["rope"]], atol=1e-6)
+    assert r["margin"] == MARGIN and r["verdict"] == "better" and r["expected"] == ""
+    # the figure draws exactly these numbers: the seeds' dots and the interval of the last row (at the bottom, y=0)
+    ax = forest_figure(forest).axes[0]
+    last = forest.iloc[-1]
+    seeds_line = [ln for ln in ax.lines if len(ln.get_xdata()) == 3 and ln.get_ydata()[0] == pytest.approx(-0.22)]
+    np.testing.assert_allclose(seeds_line[0].get_xdata(), [float(v) for v in last["seed_deltas"].split(";")])
+    segs = [c for c in ax.collections if len(c.get_segments())]
+    lo_hi = sorted(tuple(s[:, 0]) for c in segs for s in c.get_segments() if s[0, 1] == 0)
+    assert lo_hi == [(last["ci_low"], last["ci_high"])]
+    md = (out / "index.md").read_text()
+    assert md.index("](figures/forest.png)") < md.index("MLflow tracking URI") < md.index("## Verdicts per size")
+    assert "**Paired**" not in md  # no paired test declared before these runs
