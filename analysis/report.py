@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import common, context, protocol, scaling  # noqa: F401  (context, common: their sections register)
+from analysis import common, context, known_results, protocol, scaling  # noqa: F401  (sections register on import)
 from analysis.document import (fit_param, identifiability_blocks, margin_text, multiplier_text, p_text,
                                render_markdown, run_counts, sci, signed_value, value)
 from analysis.engine import Context, Kind, build, section
@@ -490,18 +490,23 @@ ABLATION = Kind("ablation", load_ablation, lambda ctx: f"Ablation report: {ctx.r
 
 
 # ---------------------------------------------------------------- the command
+KINDS = {"known-results": known_results.KNOWN_RESULTS}  # chosen with --kind; else ablation or protocol by the runs
 def build_report(query: str, out: str | Path, baseline: str | None = None, tracking_uri: str | None = None,
                  filter_string: str = "", formats=("png",), margin: float | None = None,
-                 paired: str | None = None) -> Context:
+                 paired: str | None = None, kind: str = "auto") -> Context:
     """Read the runs, write every file of the report into `out`, return its context (`.kind` says which report:
-    the protocol's when the runs come from the verdict protocol). Raises AnalysisError when nothing can be written
-    (no such experiment, no runs, unknown baseline, bad margin, unreadable --paired file, ...)."""
+    the protocol's when the runs come from the verdict protocol; `kind="known-results"`: analysis/known_results.py).
+    Raises AnalysisError when nothing can be written (no such experiment, no runs, unknown baseline, bad margin,
+    unreadable --paired file, a known-results report of runs that are no verdict protocol's, ...)."""
     paired_res = load_paired(paired) if paired else None  # a bad file fails before anything is read or written
     runset = load_runs(query, tracking_uri, filter_string)
     if runset.runs.empty:
         raise AnalysisError(f"no runs for {runset.description} at {display_uri(runset.tracking_uri)}; "
                             "nothing written")
-    kind = protocol.PROTOCOL if protocol.is_protocol(runset) else ABLATION
+    if kind == "known-results" and not protocol.is_protocol(runset):
+        raise AnalysisError(f"--kind known-results: the runs of {runset.description} carry no verdict.protocol tag; "
+                            "report a verdict protocol's runs (python -m sweeps.verdict verdict=known-results)")
+    kind = KINDS.get(kind) or (protocol.PROTOCOL if protocol.is_protocol(runset) else ABLATION)
     ctx = Context(out=Path(out), runset=runset, query=runset.query, tracking_uri=runset.tracking_uri,
                   filter_string=filter_string, formats=tuple(formats), paired_path=paired, paired=paired_res,
                   given_baseline=baseline, given_margin=margin, kind=kind)
@@ -527,12 +532,16 @@ def main(argv=None) -> int:
                              "recorded before they ran, else none: no equivalence is tested)")
     parser.add_argument("--paired", default=None, metavar="FILE",
                         help="a paired throughput measurement: the JSON of python -m ablations.paired --json FILE")
+    parser.add_argument("--kind", default="auto", choices=("auto", *KINDS),
+                        help="the report kind (default: ablation, or protocol when the runs carry verdict.protocol; "
+                             "known-results: the published findings of analysis/literature.py against a protocol's "
+                             "runs)")
     args = parser.parse_args(argv)
     out = args.out or str(Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", args.query).strip("_") or "report"))
     try:
         ctx = build_report(args.query, out, baseline=args.baseline, tracking_uri=args.tracking_uri,
                            filter_string=args.filter, formats=tuple(args.formats or ("png",)),
-                           margin=args.margin, paired=args.paired)
+                           margin=args.margin, paired=args.paired, kind=args.kind)
     except AnalysisError as exc:
         print(f"analysis.report: error: {exc}", file=sys.stderr)
         return 2

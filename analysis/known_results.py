@@ -1,0 +1,276 @@
+"""The known-results report: does the harness recover what the literature found? A report kind, i.e. a list of
+sections over one context (analysis/engine.py):
+
+    python -m analysis.report known-results --kind known-results --tracking-uri sqlite:///study/known-results/mlflow.db
+
+Its runs are a verdict protocol's (conf/verdict/known-results.yaml: every arm against one baseline at one size), so
+it reuses the protocol kind's load and most of its sections; it adds the rows of analysis/literature.py: one per
+published finding, with the paper's setting and result, our setting, our Δ with its interval and Holm p, our
+verdict and whether they agree. Rows can come from other committed reports too (literature.Finding.source):
+ALiBi's extrapolation from reports/extrapolation/report/context.csv, μP transfer from reports/lr-transfer's store.
+
+Agreement: the paper's direction (better / worse / equivalent) against our verdict: the same is *agree*, another
+decided verdict is *disagree*, an inconclusive one is *undecided*. A disagreement is reported, never dropped.
+"""
+from __future__ import annotations
+
+import gzip
+import math
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis import protocol
+from analysis.document import ci_text, fixed, lr_text, p_text, signed
+from analysis.engine import Context, Kind, section
+from analysis.literature import BETTER, EQUIVALENT, FINDINGS, WORSE, Finding
+from analysis.verdict import VERDICT_METRIC
+
+EXTRAPOLATION_CSV = "reports/extrapolation/report/context.csv"  # relative to the repository (the scripts' cwd)
+LR_TRANSFER_STORE = "reports/lr-transfer/mlflow.db.gz"
+CSV = "known_results.csv"
+KV_FIGURE, LR_FIGURE = "quality_vs_kv_cache", "lr_sensitivity"
+KV_ARMS = ("baseline", "gqa", "mqa")  # the attention rows' figure: quality against KV-cache bytes per token
+UNDECIDED = "undecided"
+
+
+def agreement(expected: str, verdict: str) -> str:
+    """agree / disagree / undecided: the paper's direction against our verdict (better, worse, equivalent within
+    ±m, inconclusive)."""
+    ours = EQUIVALENT if str(verdict).startswith("equivalent") else str(verdict)
+    if ours not in (BETTER, WORSE, EQUIVALENT):
+        return UNDECIDED
+    return "agree" if ours == expected else "disagree"
+
+
+def _row(f: Finding, setting: str, delta: str, p_holm: str, verdict: str) -> dict:
+    return {"finding": f.key, "citation": f.citation, "paper_setting": f.paper_setting, "paper_result": f.paper_result,
+            "expected": f.expected, "our_setting": setting, "our_delta": delta, "p_holm": p_holm, "verdict": verdict,
+            "agreement": agreement(f.expected, verdict)}
+
+
+def protocol_row(ctx: Context, f: Finding) -> dict:
+    """A finding decided by the protocol: `arm` against the baseline at the largest size it ran at."""
+    t = ctx.table[(ctx.table["arm"] == f.arm) & (ctx.table["verdict"] != "baseline")]
+    if not len(t):
+        return _row(f, f"`{f.arm}` did not run in this study", "n/a", "n/a", "not run")
+    r = t.iloc[-1]
+    base = ctx.table[(ctx.table["size"] == r["size"]) & (ctx.table["verdict"] == "baseline")].iloc[0]
+    setting = (f"`{f.arm}` vs `{ctx.baseline}` at `{r['size']}`: {r['n_seeds']} and {base['n_seeds']} seeds, "
+               f"{r['params']:,.0f} vs {base['params']:,.0f} parameters, {r['tokens']:,.0f} tokens")
+    delta = signed(r["delta"]) + " " + ci_text(r["ci_low"], r["ci_high"])
+    return _row(f, setting, delta, p_text(r["p_holm"]), r["verdict"])
+
+
+def lr_curves(ctx: Context, arms) -> pd.DataFrame:
+    """Mean val bpb of the lr stage per (arm, lr) at the largest size: the curves the lr-sensitivity row reads."""
+    p = ctx.protocol
+    lr = p.lr[(p.lr["verdict.size"] == p.sizes[-1]) & p.lr["verdict.arm"].isin(arms)]
+    return lr.groupby(["verdict.arm", "lr_value"])[VERDICT_METRIC].mean().astype(float).reset_index()
+
+
+def within_tolerance(curve: pd.DataFrame, tolerance: float) -> list[float]:
+    """The lrs whose mean is within `tolerance` of the curve's best."""
+    best = curve[VERDICT_METRIC].min()
+    return sorted(curve.loc[curve[VERDICT_METRIC] <= best + tolerance, "lr_value"])
+
+
+def lr_sensitivity_row(ctx: Context, f: Finding) -> dict:
+    """How many lrs of the grid land within the margin m of each arm's best (descriptive: no test)."""
+    cur = lr_curves(ctx, (ctx.baseline, f.arm))
+    tol = ctx.margin.value
+    have = set(cur["verdict.arm"])
+    if not {ctx.baseline, f.arm} <= have or not np.isfinite(tol):
+        return _row(f, "needs the lr stage of both arms and a margin", "n/a", "n/a", "not run")
+    n = {a: len(within_tolerance(cur[cur["verdict.arm"] == a], tol)) for a in (ctx.baseline, f.arm)}
+    grid = sorted(cur["lr_value"].unique())
+    verdict = BETTER if n[f.arm] > n[ctx.baseline] else WORSE if n[f.arm] < n[ctx.baseline] else "inconclusive"
+    setting = (f"lr stage at `{ctx.protocol.sizes[-1]}`: grid {', '.join(lr_text(v) for v in grid)}; lrs within "
+               f"m = {tol:g} bpb of each arm's best")
+    delta = f"{n[f.arm]} vs {n[ctx.baseline]} lrs ({n[f.arm] - n[ctx.baseline]:+d})"
+    return _row(f, setting, delta, "n/a (descriptive)", verdict)
+
+
+def extrapolation_row(ctx: Context, f: Finding) -> dict:
+    """`arm`'s change in val bpb (non-overlapping windows) from the training context to the longest one evaluated,
+    paired within each run, with a t interval and a one-sample t-test (a family of one)."""
+    from scipy import stats
+
+    path = Path(ctx.sources.get("extrapolation", EXTRAPOLATION_CSV))
+    if not path.is_file():
+        return _row(f, f"no `{path}`", "n/a", "n/a", "not run")
+    frame = pd.read_csv(path)
+    d = frame[(frame["arm"].isin([f.arm, f"position={f.arm}"])) & (frame["mode"] == "nonoverlap")]
+    train, longest = int(d["block_size"].iloc[0]), int(d["context"].max())
+    by_run = d.pivot_table(index="run_id", columns="context", values="bpb")
+    diff = (by_run[longest] - by_run[train]).dropna().to_numpy()
+    half = float(stats.t.ppf(0.975, len(diff) - 1)) * diff.std(ddof=1) / math.sqrt(len(diff))
+    p = float(stats.ttest_1samp(diff, 0.0).pvalue)
+    verdict = "inconclusive" if p >= 0.05 else (BETTER if diff.mean() < 0 else WORSE)
+    setting = (f"`{path}`: trained at {train} tokens, evaluated at {longest} (non-overlapping windows), "
+               f"{len(diff)} seeds")
+    delta = f"bpb@{longest} − bpb@{train}: {signed(diff.mean())} {ci_text(diff.mean() - half, diff.mean() + half)}"
+    return _row(f, setting, delta, p_text(p) + " (family of one)", verdict)
+
+
+def lr_transfer_row(ctx: Context, f: Finding) -> dict:
+    """Whether the best lr transferred across width under μP (analysis/lr_transfer.py's criterion) in the committed
+    lr-transfer store: held is the paper's finding, failed is not, not established is undecided."""
+    from analysis import lr_transfer
+
+    path = Path(ctx.sources.get("lr-transfer", LR_TRANSFER_STORE))
+    if not path.is_file():
+        return _row(f, f"no `{path}`", "n/a", "n/a", "not run")
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "mlflow.db"
+        with gzip.open(path) as src, open(db, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        study = lr_transfer.load_study(f"sqlite:///{db}")
+    opt = lr_transfer.optima(lr_transfer.curves(study.points))
+    tr = lr_transfer.transfer(opt)
+    t = tr[(tr["optimizer"] == f.arm) & (tr["parametrization"] == "mup")]
+    if not len(t):
+        return _row(f, f"no μP runs of `{f.arm}` in `{path}`", "n/a", "n/a", "not run")
+    t = t.iloc[0]
+    mine = opt[(opt["optimizer"] == f.arm) & (opt["parametrization"] == "mup")].sort_values("width")
+    wider = mine["loss"].iloc[-1] - mine["loss"].iloc[0]
+    setting = (f"`{path}`: {lr_transfer.LABELS.get(f.arm, f.arm)}, widths {mine['width'].iloc[0]}-"
+               f"{mine['width'].iloc[-1]} ({t['ratio']}x)")
+    delta = (f"best lr moved {t['shift']:+d} grid steps (span {t['span']}); best loss widest − narrowest "
+             f"{signed(wider, 3)} nats")
+    row = _row(f, setting, delta, "n/a (criterion, no test)", f"transfer {t['verdict']}")
+    return row | {"agreement": agreement(f.expected, {"held": BETTER, "failed": WORSE}.get(t["verdict"], ""))}
+
+
+ROWS = {"protocol": protocol_row, "lr-sensitivity": lr_sensitivity_row, "extrapolation": extrapolation_row,
+        "lr-transfer": lr_transfer_row}
+COLUMNS = ["finding", "citation", "paper_setting", "paper_result", "expected", "our_setting", "our_delta", "p_holm",
+           "verdict", "agreement"]
+
+
+def known_rows(ctx: Context) -> pd.DataFrame:
+    """One row per finding of analysis/literature.py, in its order."""
+    return pd.DataFrame([ROWS[f.source](ctx, f) for f in FINDINGS], columns=COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------------------- sections
+def load_known(ctx: Context) -> None:
+    protocol.load_protocol(ctx)
+    ctx.expected = {f.arm: f.expected for f in FINDINGS if f.source == "protocol"}
+    ctx.option_args = ["--kind", "known-results", *ctx.option_args]
+
+
+@section("known.head")
+def head_section(ctx: Context) -> list:
+    rows = ctx.once(known_rows)
+    counts = rows["agreement"].value_counts()
+    b = protocol.head_section(ctx)
+    b[0] = ("h1", f"Known results: `{ctx.protocol.name}`")
+    b.append(("p", f"**{len(rows)} published findings**: {counts.get('agree', 0)} agree, "
+                   f"{counts.get('disagree', 0)} disagree, {counts.get(UNDECIDED, 0)} undecided (see "
+                   "[Findings](#findings))."))
+    return b
+
+
+@section("known.findings")
+def findings_section(ctx: Context) -> list:
+    rows = ctx.once(known_rows)
+    ctx.write(CSV, rows.to_csv(index=False, lineterminator="\n"))
+    b: list = [("h2", "Findings"),
+               ("p", "One row per published finding (analysis/literature.py, typed from the papers). *Expected*: the "
+                     "direction the paper found for the arm against the baseline. Our Δ: val bpb, arm − baseline, "
+                     "with its 95% Welch CI and the Holm-adjusted p of the protocol's family, unless the row says "
+                     "otherwise. *Agree*: our verdict is the paper's direction; *disagree*: another decided "
+                     "verdict; *undecided*: inconclusive here."),
+               ("table", ["finding", "paper", "paper's setting", "paper's result", "expected", "our setting",
+                          "our Δ", "p (Holm)", "our verdict", "agreement"],
+                [[f"`{r.finding}`", r.citation, r.paper_setting, r.paper_result, r.expected, r.our_setting,
+                  r.our_delta, r.p_holm, r.verdict, f"**{r.agreement}**"] for r in rows.itertuples()])]
+    off = rows[rows["agreement"] == "disagree"]
+    if len(off):
+        b.append(("p", "**Disagreements** (each investigated: setting, scale, or a bug; see the study's index): "
+                       + ", ".join(f"`{k}`" for k in off["finding"]) + "."))
+    return b + [("p", f"Machine-readable: `{CSV}`.")]
+
+
+def kv_frame(ctx: Context) -> pd.DataFrame:
+    """Per attention arm at the largest size: KV-cache bytes per token, mean val bpb and its 95% t half-width."""
+    from scipy import stats
+
+    s = ctx.protocol.seeds
+    s = s[(s["verdict.size"] == ctx.protocol.sizes[-1]) & s["verdict.arm"].isin(KV_ARMS)]
+    rows = []
+    for arm in [a for a in KV_ARMS if a in set(s["verdict.arm"])]:
+        v = s.loc[s["verdict.arm"] == arm, VERDICT_METRIC].astype(float)
+        half = float(stats.t.ppf(0.975, len(v) - 1)) * v.std(ddof=1) / math.sqrt(len(v)) if len(v) > 1 else math.nan
+        rows.append({"arm": arm, "kv_cache_bytes_per_token": float(
+            s.loc[s["verdict.arm"] == arm, "kv_cache_bytes_per_token"].astype(float).median()),
+                     "mean": float(v.mean()), "ci_half": half, "n": len(v)})
+    return pd.DataFrame(rows, columns=["arm", "kv_cache_bytes_per_token", "mean", "ci_half", "n"])
+
+
+@section("known.kv_cache")
+def kv_section(ctx: Context) -> list:
+    frame = kv_frame(ctx)
+    if len(frame) < 2:
+        return []
+    fig = Figure(figsize=(6.5, 4.2), dpi=110, layout="constrained")
+    ax = fig.subplots()
+    ax.errorbar(frame["kv_cache_bytes_per_token"], frame["mean"], yerr=frame["ci_half"], fmt="o", capsize=4)
+    for r in frame.itertuples():
+        ax.annotate(f"{r.arm} (n={r.n})", (r.kv_cache_bytes_per_token, r.mean), textcoords="offset points",
+                    xytext=(6, 4), fontsize="small")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("KV cache per token (bytes, bf16)")
+    ax.set_ylabel("final val bpb (mean, 95% t CI)")
+    ax.grid(True, alpha=0.3)
+    fig.suptitle("Quality against KV-cache size: MHA, GQA, MQA (Shazeer 2019; Ainslie et al. 2023)",
+                 fontsize="medium")
+    path = ctx.figure(fig, KV_FIGURE)
+    rows = [[f"`{r.arm}`", f"{r.kv_cache_bytes_per_token:,.0f}", fixed(r.mean), fixed(r.ci_half), str(r.n)]
+            for r in frame.itertuples()]
+    return [("h2", "Quality against KV-cache size"), ("img", "val bpb against KV-cache bytes per token", path),
+            ("table", ["arm", "KV bytes/token", "mean val bpb", "95% t half-width", "seeds"], rows)]
+
+
+@section("known.lr_sensitivity")
+def lr_sensitivity_section(ctx: Context) -> list:
+    arms = [f.arm for f in FINDINGS if f.source == "lr-sensitivity"]
+    cur = lr_curves(ctx, [ctx.baseline, *arms])
+    if cur["verdict.arm"].nunique() < 2:
+        return []
+    tol = ctx.margin.value
+    grid = sorted(cur["lr_value"].unique())
+    fig = Figure(figsize=(6.5, 4.2), dpi=110, layout="constrained")
+    ax = fig.subplots()
+    rows = []
+    for arm, c in cur.groupby("verdict.arm", sort=True):
+        c = c.sort_values("lr_value")
+        ax.plot(c["lr_value"], c[VERDICT_METRIC], "o-", label=arm)
+        best = c[VERDICT_METRIC].min()
+        if np.isfinite(tol):
+            ax.axhline(best + tol, linestyle=":", linewidth=1, color=ax.lines[-1].get_color())
+        ok = within_tolerance(c, tol) if np.isfinite(tol) else []
+        at = dict(zip(c["lr_value"], c[VERDICT_METRIC]))
+        rows.append([f"`{arm}`", *[fixed(at[v]) if v in at else "" for v in grid], ", ".join(lr_text(v) for v in ok)])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("peak lr")
+    ax.set_ylabel("final val bpb (mean over the lr stage's seeds)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.suptitle("lr sensitivity with and without QK-norm (Wortsman et al. 2023); dotted: best + m", fontsize="medium")
+    path = ctx.figure(fig, LR_FIGURE)
+    return [("h2", "lr sensitivity"), ("img", "final val bpb against lr with and without QK-norm", path),
+            ("table", ["arm", *[f"lr {lr_text(v)}" for v in grid], "lrs within m of the best"], rows)]
+
+
+KNOWN_RESULTS = Kind("known-results", load_known, lambda ctx: f"Known results: {ctx.protocol.name}",
+                     ("known.head", "forest", "known.findings", "known.kv_cache", "known.lr_sensitivity",
+                      "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "protocol.throughput", "paired",
+                      "protocol.provenance", "regenerate"),
+                     summary=protocol.protocol_summary, exit_code=protocol.PROTOCOL.exit_code,
+                     files=protocol.FILES + (CSV,), figures=protocol.PROTOCOL.figures + (KV_FIGURE, LR_FIGURE))

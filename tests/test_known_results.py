@@ -1,0 +1,209 @@
+"""The known-results report kind (analysis/known_results.py) end to end on a synthetic verdict-protocol store written
+here with planted values, so that every row's verdict and agreement is known in advance:
+
+- rope, swiglu: far below the baseline (the papers: better) -> agree; geglu: far above (the paper: better) ->
+  disagree, and the report names it; mqa: above (the paper: worse) -> agree;
+- rmsnorm, qknorm: within ±0.003 of a tight baseline, margin 0.02 -> equivalent (the papers: equivalent) -> agree;
+- gqa: a spread of 0.1 -> inconclusive -> undecided;
+- the lr stage of baseline and qknorm: 1 and 2 lrs within m of their best -> qknorm less sensitive -> agree;
+- the ALiBi and μP rows come from the committed reports/extrapolation and reports/lr-transfer; the ALiBi number is
+  recomputed here from context.csv by hand.
+
+The runs declare a paired test (verdict.paired): the paired Δ and the correlation are checked against numpy.
+"""
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENT = "known-results"
+BPB = {  # seeds 1-4 at size m
+    "baseline": [2.300, 2.304, 2.302, 2.306],
+    "rope": [2.200, 2.210, 2.220, 2.190],
+    "rmsnorm": [2.301, 2.303, 2.305, 2.303],
+    "swiglu": [2.250, 2.260, 2.255, 2.245],
+    "geglu": [2.400, 2.410, 2.405, 2.395],
+    "gqa": [2.300, 2.350, 2.250, 2.320],
+    "mqa": [2.330, 2.335, 2.340, 2.325],
+    "qknorm": [2.302, 2.304, 2.306, 2.300],
+}
+FAMILY = {"baseline": "baseline", "rope": "positions", "rmsnorm": "norms", "swiglu": "mlps", "geglu": "mlps",
+          "gqa": "attention", "mqa": "attention", "qknorm": "norms"}
+KV = {"gqa": 1024, "mqa": 512}  # bytes per token; 2048 for the others
+# lr stage, per lr (mean of 2 seeds): within m = 0.02 of its own best, baseline 1 lr, qknorm 2 (3 if it were measured
+# from the baseline's best, 2.31)
+LR_STAGE = {"baseline": [2.40, 2.31, 2.35, 2.60], "qknorm": [2.32, 2.285, 2.30, 2.45]}
+GRID = (0.003, 0.006, 0.012, 0.024)
+MARGIN = 0.02
+EXPECTED = {"rope": "agree", "rmsnorm": "agree", "swiglu": "agree", "geglu": "disagree", "gqa": "undecided",
+            "mqa": "agree", "qknorm": "agree", "qknorm-lr": "agree", "alibi": "agree"}
+T0 = 1_700_000_000_000
+
+
+def make_store(uri: str) -> None:
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment(EXPERIMENT)
+    clock = [T0]
+
+    def run(tags, lr, seed, bpb, arm):
+        clock[0] += 60_000
+        r = client.create_run(exp, start_time=clock[0], tags=tags, run_name=tags["variant"])
+        ms = [("final_val_bpb", bpb, 0), ("final_val_loss", bpb * 0.7, 0), ("params", 800_000, 0),
+              ("flops_per_token", 4.8e6, 0), ("final_tokens_per_sec", 9000.0, 0), ("flops_seen", 9.8e12, 1000),
+              ("tokens_seen", 2_048_000, 1000), ("kv_cache_bytes_per_token", KV.get(arm, 2048), 0)]
+        client.log_batch(r.info.run_id, metrics=[Metric(k, float(v), clock[0] + 1000, s) for k, v, s in ms],
+                         params=[Param("optim.lr", str(lr)), Param("seed", str(seed))],
+                         tags=[RunTag("git_commit", "c0ffee"), RunTag("data_fingerprint", "fp"),
+                               RunTag("tokenizer", "char"), RunTag("git_dirty", "false")])
+        client.set_terminated(r.info.run_id, status="FINISHED", end_time=clock[0] + 2000)
+
+    for arm, family in FAMILY.items():
+        base = {"verdict.protocol": EXPERIMENT, "verdict.arm": arm, "verdict.family": family,
+                "verdict.baseline": "baseline", "verdict.size": "m", "verdict.budget_flops": "1e13",
+                "verdict.margin": f"{MARGIN:g}", "verdict.margin_reason": "a test", "verdict.holm": "study",
+                "verdict.primary": "arms=*;sizes=*", "verdict.allow_dirty": "false", "verdict.paired": "true"}
+        for lr, mean in zip(GRID, LR_STAGE.get(arm, ())):
+            for seed, d in ((100, 0.01), (101, -0.01)):
+                run(base | {"verdict.stage": "lr", "seed": str(seed), "variant": f"m {arm} optim.lr={lr:g}"}, lr, seed,
+                    mean + d, arm)
+        for seed, bpb in zip((1, 2, 3, 4), BPB[arm]):
+            run(base | {"verdict.stage": "seeds", "seed": str(seed), "verdict.lr": "0.006",
+                        "variant": f"m {arm} optim.lr=0.006"}, 0.006, seed, bpb, arm)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("known")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    make_store(uri)
+    out = tmp / "report"
+    r = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, "--kind", "known-results",
+                        "--tracking-uri", uri, "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = pd.read_csv(out / "known_results.csv", keep_default_na=False).set_index("finding")
+    return out, rows
+
+
+def test_one_row_per_published_finding_in_the_table_order(built):
+    from analysis.literature import FINDINGS
+
+    _, rows = built
+    assert list(rows.index) == [f.key for f in FINDINGS]
+    for key, agreement in EXPECTED.items():
+        assert rows.loc[key, "agreement"] == agreement, key
+    assert rows.loc["gqa", "verdict"] == "inconclusive" and rows.loc["geglu", "verdict"] == "worse"
+    assert rows.loc["rmsnorm", "verdict"] == f"equivalent within ±{MARGIN:g}"
+    assert "1.942" in rows.loc["geglu", "paper_result"] and "Table 1" in rows.loc["geglu", "paper_result"]
+
+
+def test_protocol_rows_give_the_welch_delta_and_holm_p(built):
+    _, rows = built
+    a, b = np.array(BPB["rope"]), np.array(BPB["baseline"])
+    w = stats.ttest_ind(a, b, equal_var=False)
+    delta = a.mean() - b.mean()  # -0.0975
+    assert rows.loc["rope", "our_delta"].startswith(f"−{abs(delta):.4f} [−")
+    # Holm over the seven comparisons, by hand: the i-th smallest p times (7 - i + 1), then a running maximum
+    raw = {x: stats.ttest_ind(np.array(v), b, equal_var=False).pvalue for x, v in BPB.items() if x != "baseline"}
+    adjusted, running = {}, 0.0
+    for i, (x, p) in enumerate(sorted(raw.items(), key=lambda kv: kv[1])):
+        running = max(running, min(1.0, (7 - i) * p))
+        adjusted[x] = running
+    for x in ("rope", "gqa", "geglu"):
+        want = "< 0.001" if adjusted[x] < 0.001 else f"{adjusted[x]:.3f}"
+        assert rows.loc[x, "p_holm"] == want, x
+    assert raw["rope"] == w.pvalue
+    assert "4 and 4 seeds" in rows.loc["rope", "our_setting"]
+
+
+def test_lr_sensitivity_counts_the_lrs_within_the_margin(built):
+    out, rows = built
+    assert rows.loc["qknorm-lr", "our_delta"] == "2 vs 1 lrs (+1)" and rows.loc["qknorm-lr", "verdict"] == "better"
+    md = (out / "index.md").read_text()
+    sec = md.split("## lr sensitivity")[1].split("## ")[0]
+    assert "| `qknorm` | 2.3200 | 2.2850 | 2.3000 | 2.4500 | 0.006, 0.012 |" in sec
+
+
+def test_alibi_row_recomputed_from_the_committed_extrapolation_csv(built):
+    _, rows = built
+    d = pd.read_csv(REPO / "reports/extrapolation/report/context.csv")
+    d = d[(d["arm"] == "position=alibi") & (d["mode"] == "nonoverlap")].pivot_table(index="run_id", columns="context",
+                                                                                   values="bpb")
+    diff = (d[512] - d[64]).to_numpy()
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / math.sqrt(len(diff))
+    lo, hi = diff.mean() - half, diff.mean() + half
+    assert rows.loc["alibi", "our_delta"] == (f"bpb@512 − bpb@64: −{abs(diff.mean()):.4f} "
+                                              f"[−{abs(lo):.4f}, −{abs(hi):.4f}]")
+    assert rows.loc["alibi", "verdict"] == "better"
+
+
+def test_mup_row_follows_the_transfer_criterion(built):
+    _, rows = built
+    verdict = rows.loc["mup", "verdict"]
+    assert verdict in ("transfer held", "transfer failed", "transfer not established")
+    assert rows.loc["mup", "agreement"] == {"transfer held": "agree", "transfer failed": "disagree"}.get(verdict,
+                                                                                                        "undecided")
+
+
+def test_paired_delta_and_correlation_beside_welch(built):
+    out, _ = built
+    v = pd.read_csv(out / "verdicts.csv").set_index("arm")
+    a, b = np.array(BPB["gqa"]), np.array(BPB["baseline"])
+    d = a - b
+    half = stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert v.loc["gqa", "paired_n"] == 4
+    assert v.loc["gqa", "paired_delta"] == pytest.approx(d.mean(), abs=1e-12)
+    assert v.loc["gqa", "paired_ci_high"] == pytest.approx(d.mean() + half, abs=1e-12)
+    assert v.loc["gqa", "correlation"] == pytest.approx(np.corrcoef(a, b)[0, 1], abs=1e-12)
+    md = (out / "index.md").read_text()
+    assert "**Paired** (declared before the runs" in md and "| `m` | `gqa` |" in md
+
+
+def test_report_opens_with_the_forest_plot_marking_the_papers_direction(built):
+    out, rows = built
+    forest = pd.read_csv(out / "forest.csv", keep_default_na=False).set_index("arm")
+    assert forest.loc["rope", "expected"] == "better" and forest.loc["mqa", "expected"] == "worse"
+    assert forest.loc["rmsnorm", "expected"] == "equivalent"
+    md = (out / "index.md").read_text()
+    assert md.startswith("# Known results: `known-results`")
+    assert md.index("](figures/forest.png)") < md.index("## Findings") < md.index("## Verdicts per size")
+    counts = pd.concat([pd.Series(EXPECTED), rows.loc[["mup"], "agreement"]]).value_counts()  # planted + μP's
+    assert (f"**10 published findings**: {counts.get('agree', 0)} agree, {counts.get('disagree', 0)} disagree, "
+            f"{counts.get('undecided', 0)} undecided") in md
+    assert "**Disagreements**" in md and "`geglu`" in md.split("**Disagreements**")[1].split("\n")[0]
+    assert (out / "figures" / "quality_vs_kv_cache.png").stat().st_size > 5000
+    assert "--kind known-results" in md.split("## Regenerate")[1]
+
+
+def test_agreement_rule():
+    from analysis.known_results import agreement
+
+    assert agreement("better", "better") == "agree"
+    assert agreement("better", "equivalent within ±0.02") == "disagree"
+    assert agreement("equivalent", "equivalent within ±0.02") == "agree"
+    assert agreement("worse", "inconclusive") == "undecided"
+    assert agreement("better", "not run") == "undecided"
+
+
+def test_paired_t_by_hand():
+    """Seeds 1-3 shared (seed 4 only in b): d = -0.10, -0.05, -0.10; mean -0.083333, sd 0.0288675; 95% t interval
+    -0.083333 ± 4.302653 * 0.0288675 / sqrt(3) = [-0.155044, -0.011622] (t(0.975, 2) from a table); Pearson r of
+    (2.0, 2.2, 2.1) and (2.1, 2.25, 2.2): 0.015 / sqrt(0.02 * 0.0116667) = 0.981981."""
+    from analysis.stats import paired_t
+
+    a = pd.Series([2.0, 2.2, 2.1], index=[1, 2, 3])
+    b = pd.Series([2.1, 2.25, 2.2, 9.9], index=[1, 2, 3, 4])
+    r = paired_t(a, b)
+    assert r["n"] == 3
+    assert r["delta"] == pytest.approx(-0.083333, abs=1e-6)
+    assert (r["ci_low"], r["ci_high"]) == (pytest.approx(-0.155044, abs=1e-6), pytest.approx(-0.011622, abs=1e-6))
+    assert r["correlation"] == pytest.approx(0.981981, abs=1e-6)
