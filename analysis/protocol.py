@@ -2,22 +2,29 @@
 
     python -m analysis.report <experiment> [--margin M] [--baseline ARM] [--paired FILE]
 
-(the same command as any report: it switches to this one when the matched runs carry `verdict.protocol`). Sections:
+(the same command as any report: it switches to this kind, PROTOCOL, when the matched runs carry
+`verdict.protocol`). `load_protocol` fills the context: the protocol's runs and recorded design (`select`: stages,
+sizes, arms, the declared Holm family and paired test), the margin, the verdict table, the n-gram floor. Its
+sections, in order (analysis/engine.py):
 
+- **head**, then the **forest plot** (analysis/forest.py) and the **intro**: the floor's headline, the one commit,
+  what ran.
 - **Verdicts per size**: at each model size, every arm against the baseline arm on final val bpb, from the *seeds*
   stage only (the lr stage's runs choose the lr; the winner of a search is biased low, so they never enter the
-  statistics). Welch and TOST p-values are Holm-adjusted across the arms of one family at one size; the verdict is
-  exactly one of better / worse / equivalent within ±m / inconclusive (analysis/verdict.py). The margin m is
-  `--margin`, else the baseline arm's seed std at that size (printed per size). Each row gives the arm's lr and
-  whether its parameter count differs from the baseline's.
-- **lr search**: per size and arm, final val bpb at each lr of the grid, the chosen lr (the one the seeds ran at)
-  marked, and a note when it is at an edge of the grid (the optimum may lie outside).
-- **Scaling**: per arm, mean final loss against compute (a run's `flops_seen` at its last step: the budget actually
-  spent) over the sizes, the fits L(C) = E + A C^-alpha, compute multipliers against the baseline with bootstrap CIs
-  over seeds, a log-log figure; with as many compute levels as the law has parameters (3) the fit interpolates and
-  the report says so.
+  statistics). Welch and TOST p-values are Holm-adjusted within the family the runs declared (`verdict.holm`); the
+  verdict is exactly one of better / worse / equivalent within ±m / inconclusive (analysis/verdict.py). The margin m
+  is `--margin`, else the one recorded before the runs (`verdict.margin`), else none. Each row gives the arm's lr
+  and whether its parameter count differs from the baseline's; with a paired test declared (`verdict.paired`), the
+  paired Δ and the correlation beside Welch's.
+- **n-gram floor** (analysis/common.py), **lr search**: per size and arm, final val bpb at each lr of the grid, the
+  chosen lr (the one the seeds ran at) marked, and a note when it is at an edge of the grid.
+- **Scaling**: per arm, mean final loss against compute (analysis.scaling.run_compute: a run's `flops_seen` at its
+  last step, the budget actually spent) over the sizes, the fits L(C) = E + A C^-alpha, compute multipliers against
+  the baseline with bootstrap CIs over seeds, a log-log figure; with as many compute levels as the law has
+  parameters (3) the fit interpolates and the report says so.
 - **Throughput**: per-run tokens/s labelled as runs made at different times (not paired); a paired measurement
-  (`python -m ablations.paired --json FILE`) is shown when given with `--paired FILE`.
+  (`python -m ablations.paired --json FILE`) is shown when given with `--paired FILE`; then provenance, left out and
+  the Regenerate command.
 """
 from __future__ import annotations
 
