@@ -6,6 +6,8 @@
   `resume=auto` fetches the checkpoint the run logged as an artifact, reopens the same run, logs each step once;
   the server is stopped mid-run and started again, and no metric point is lost (MLflow's client retries);
   `ablations.evaluate` then scores the run from a third empty directory;
+- the server stopped for longer than `tracking.max_outage_s`: the run ends with one line, its checkpoint kept, left
+  RUNNING; `resume=auto` finishes the same run (the fast fakes of the same faults: tests/test_tracking_faults.py);
 - two sweep workers on one study through Hydra's submitit launcher (`python -m sweeps.submit 2
   hydra/launcher=submitit_local`), one SIGKILLed mid-trial: its MLflow run ends KILLED (Optuna's heartbeat), the
   trial is retried, the study completes; `analysis.report` reads the server;
