@@ -32,7 +32,7 @@ import numpy as np
 from ablations.compose import CONF_DIR
 from sweeps.protocol import VerdictError, load_spec, protocol_uri
 
-DEFAULTS = {"pilot": None, "pilot_uri": None, "sd": None, "power": 0.8, "alpha": 0.05, "max_seeds": 30,
+DEFAULTS = {"pilot": None, "pilot_uri": None, "pilot_arm": None, "sd": None, "power": 0.8, "alpha": 0.05, "max_seeds": 30,
             "goal": "both", "workers": 1, "secondary_seeds": 2}
 GOALS = ("detect", "equivalence", "both")
 SD_UPPER = 0.8  # the one-sided confidence of the seed spread's upper bound
@@ -188,6 +188,11 @@ def plan_rows(p, s: dict, runs=None) -> list[dict]:
                 continue
             if s["sd"] is not None:
                 sa = sb = Spread(float(s["sd"]), 0, f"given (sd={float(s['sd']):g})")
+            elif s["pilot_arm"] is not None:  # one pilot arm (e.g. the recipe it chose) stands for every arm
+                if s["pilot_arm"] not in set(runs["arm"]):
+                    raise ValueError(f"invalid plan pilot_arm={s['pilot_arm']!r}: the pilot {s['pilot']} has seeds-stage "
+                                     f"runs of {', '.join(sorted(set(runs['arm']))) or 'no arm'}")
+                sa = sb = spread_of(runs, s["pilot_arm"], size.name)
             else:
                 sa, sb = spread_of(runs, arm.name, size.name), spread_of(runs, p.baseline, size.name)
             m = family_size(p, arm.name, size.name)
@@ -239,7 +244,7 @@ def _is_primary(p, arm: str, size: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-OWN_KEYS = ("pilot", "pilot_uri", "sd", "power", "alpha", "max_seeds", "goal", "workers")
+OWN_KEYS = ("pilot", "pilot_uri", "pilot_arm", "sd", "power", "alpha", "max_seeds", "goal", "workers")
 
 
 def _n(v) -> str:

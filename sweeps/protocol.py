@@ -32,6 +32,7 @@ class ProtocolArm:
     name: str
     family: str
     overrides: tuple[str, ...]
+    lr_grid: tuple[float, ...] = ()  # this arm's own lr grid (verdict.arms.<arm>.lr_grid; () = verdict.lr.grid)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class ProtocolSpec:
     primary_arms: tuple[str, ...] = ()   # () = every non-baseline arm
     primary_sizes: tuple[str, ...] = ()  # () = every size
     allow_dirty: bool = False
+    paired: bool = False      # the declared test pairs arms by seed (arms sharing a seed share its data order)
     plan: dict = field(default_factory=dict)  # the seed planner's pilot and targets (verdict.plan)
     seeds_by_size: dict = field(default_factory=dict)  # seeds: plan -> {size: seeds} from sweeps.plan
     lr_seeds: tuple[int, ...] = ()     # the lr stage's seeds (verdict.lr.seeds; () = (lr_seed,)): mean over them
@@ -98,7 +100,8 @@ class ProtocolSpec:
                 "verdict.baseline": self.baseline, "verdict.size": size.name, "verdict.stage": stage,
                 "verdict.budget_flops": f"{size.budget_flops:g}", "verdict.margin": f"{self.margin:g}",
                 "verdict.margin_reason": self.margin_reason[:5000], "verdict.holm": self.holm,
-                "verdict.primary": self.primary_text(), "verdict.allow_dirty": str(self.allow_dirty).lower()}
+                "verdict.primary": self.primary_text(), "verdict.allow_dirty": str(self.allow_dirty).lower(),
+                "verdict.paired": str(self.paired).lower()}
 
     def primary_text(self) -> str:
         """The primary comparisons as a tag: `arms=a,b;sizes=m` (`*`: every non-baseline arm / every size)."""
@@ -152,9 +155,22 @@ def _arms(v: Mapping, params, experiment) -> list[ProtocolArm]:
     for name, spec in raw.items():
         if not isinstance(spec, Mapping) or not isinstance(spec.get("overrides", []), list):
             raise VerdictError(f"invalid verdict.arms.{name}={spec!r}: expected {{family: F, overrides: [...]}}")
+        unknown = sorted(set(spec) - {"family", "overrides", "lr_grid"})
+        if unknown:
+            raise VerdictError(f"invalid verdict.arms.{name}.{unknown[0]}: unknown key; an arm has family, overrides "
+                               "and optionally lr_grid")
         overrides = tuple(str(o) for o in spec.get("overrides", []))
-        arms.append(ProtocolArm(str(name), str(spec.get("family") or "arms"), overrides))
+        grid = spec.get("lr_grid") or []
+        if not isinstance(grid, list) or not all(_positive(x) for x in grid):
+            raise VerdictError(f"invalid verdict.arms.{name}.lr_grid={grid!r}: expected a list of learning rates > 0 "
+                               "(or leave it out for verdict.lr.grid)")
+        arms.append(ProtocolArm(str(name), str(spec.get("family") or "arms"), overrides,
+                                tuple(float(x) for x in grid)))
     return arms
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
 
 
 def _sizes(v: Mapping) -> list[Size]:
@@ -194,7 +210,7 @@ def load_spec(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
     if baseline not in {a.name for a in arms}:
         raise VerdictError(f"invalid verdict.baseline={baseline!r}: choose one of the arms {[a.name for a in arms]}")
     grid = v.get("lr", {}).get("grid")
-    if not isinstance(grid, list) or not grid or not all(isinstance(x, (int, float)) and x > 0 for x in grid):
+    if not isinstance(grid, list) or not grid or not all(_positive(x) for x in grid):
         raise VerdictError(f"invalid verdict.lr.grid={grid!r}: expected a list of learning rates > 0")
     name = v.get("name") or OmegaConf.select(probe, "tracking.experiment") or experiment
     sizes = _sizes(v)
@@ -286,9 +302,10 @@ def _statistics(v: Mapping, arms: list[ProtocolArm], sizes: list[Size]) -> dict:
         if not isinstance(got, list) or bad:
             raise VerdictError(f"invalid verdict.primary.{key}={got!r}: expected a list of {', '.join(names)}")
         chosen[key] = tuple(str(x) for x in got)
-    allow = v.get("allow_dirty", False)
-    if not isinstance(allow, bool):
-        raise VerdictError(f"invalid verdict.allow_dirty={allow!r}: expected true or false")
+    flags = {key: v.get(key, False) for key in ("allow_dirty", "paired")}
+    for key, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise VerdictError(f"invalid verdict.{key}={flag!r}: expected true or false")
     return {"margin": float(margin), "margin_reason": reason.strip(), "holm": holm,
-            "primary_arms": chosen["arms"], "primary_sizes": chosen["sizes"], "allow_dirty": allow,
+            "primary_arms": chosen["arms"], "primary_sizes": chosen["sizes"], **flags,
             "plan": dict(v.get("plan") or {})}

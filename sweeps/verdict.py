@@ -154,7 +154,7 @@ class Verdict:
         """The arm's best lr at this size: every (lr, seed) of the grid once, the lowest mean final val bpb over the
         lr seeds wins (a failed run counts as +inf); while the best lies at an edge and verdict.lr.extend allows,
         the grid grows by one point past that edge (same ratio) and the new point is run."""
-        p, grid = self.p, sorted(self.p.lr_grid)
+        p, grid = self.p, sorted(arm.lr_grid or self.p.lr_grid)
         ratio = grid[1] / grid[0] if len(grid) > 1 else 2.0
         means = self._lr_points(arm, size, grid, f"{p.name}.{size.name}.{arm.name}.lr")
         for _ in range(p.lr_extend):

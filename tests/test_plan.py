@@ -120,3 +120,23 @@ def test_cli_prints_the_plan(capsys):
     assert main(["verdict=second-study"]) == 2  # no pilot and no sd: one line
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "plan.pilot" in err[0]
+
+
+def test_one_pilot_arm_stands_for_every_arm(tmp_path):
+    from test_protocol_report import BPB, EXPERIMENT, make_store
+
+    from sweeps.plan import plan_rows, settings
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    make_store(uri)
+    runs = pilot_frame(EXPERIMENT, uri)
+    spec = _spec("study", sd=None)
+    spec.plan = {"pilot": EXPERIMENT, "pilot_uri": uri, "pilot_arm": "rope"}
+    rows = plan_rows(spec, settings(spec), runs)
+    rope_m = float(np.std(BPB["m"]["rope"], ddof=1))  # rope's own seeds at m, for the arm and the baseline alike
+    assert {r["size"] for r in rows} >= {"m"}
+    assert all(r["sd_arm"] == pytest.approx(rope_m) and r["sd_baseline"] == pytest.approx(rope_m)
+               for r in rows if r["size"] == "m")
+    spec.plan["pilot_arm"] = "nosuch"
+    with pytest.raises(ValueError, match="invalid plan pilot_arm='nosuch': the pilot .* has seeds-stage runs of"):
+        plan_rows(spec, settings(spec), runs)

@@ -34,3 +34,27 @@ def test_lr_stage_chooses_by_the_mean_over_its_seeds(tmp_path, monkeypatch):
     assert sorted(trained) == sorted(BPB)  # every lr at both seeds, once
     assert best == pytest.approx(1e-2), out.getvalue()
     assert "best lr 0.01 (at the grid's edge), mean val bpb 1.5500 over seeds [100, 101]" in out.getvalue()
+
+
+def test_an_arm_searches_its_own_lr_grid(tmp_path, monkeypatch):
+    """verdict.arms.<arm>.lr_grid: this arm runs its grid (a wide one, for an lr-sensitivity curve); the others the
+    protocol's verdict.lr.grid."""
+    monkeypatch.setattr("sweeps.study.MlflowLinks.check", lambda self: None)
+    trained = []
+
+    def fake_train(cfg, callbacks=(), tags=None):  # bpb grows with the distance from lr 4e-3
+        trained.append(float(cfg.optim.lr))
+        return {"val_bpb": abs(float(cfg.optim.lr) - 4e-3), "run_id": None}
+
+    spec = ProtocolSpec(name="armgrid", experiment=None, baseline="a",
+                        arms=[ProtocolArm("a", "f", ()), ProtocolArm("wide", "f", (), (1e-3, 4e-3, 1.6e-2, 6.4e-2))],
+                        sizes=[Size("s", 1e8, ())], seeds=1, seeds_largest=1, lr_grid=[2e-3, 8e-3], lr_seed=0,
+                        storage=f"sqlite:///{tmp_path}/optuna.db",
+                        overrides=["model=tiny", "tokenizer=byte", f"tracking.uri=sqlite:///{tmp_path}/m.db"],
+                        margin=0.02, margin_reason="r")
+    v = Verdict(spec, train_fn=fake_train, out=io.StringIO())
+    assert v.lr_stage(spec.arms[1], spec.sizes[0]) == pytest.approx(4e-3)
+    assert sorted(trained) == pytest.approx([1e-3, 4e-3, 1.6e-2, 6.4e-2])
+    trained.clear()
+    assert v.lr_stage(spec.arms[0], spec.sizes[0]) == pytest.approx(2e-3)
+    assert sorted(trained) == pytest.approx([2e-3, 8e-3])
