@@ -270,12 +270,16 @@ def render(p, s: dict, rows: list[dict]) -> list[str]:
     for size in p.sizes:
         n = seeds[size.name]
         at = [r for r in rows if r["size"] == size.name]
-        per_size = n * (sum(r["run_s"] for r in at) + (at[0]["baseline_run_s"] if at else 0.0))
-        lr_stage = len(p.lr_grid) * (sum(r["run_s"] for r in at) + (at[0]["baseline_run_s"] if at else 0.0))
+        run_s = {r["arm"]: r["run_s"] for r in at} | ({p.baseline: at[0]["baseline_run_s"]} if at else {})
+        per_size = n * sum(run_s.values())
+        # every arm runs its own grid (or the protocol's) at every lr seed; a transferred lr is searched at one size
+        searched = p.lr_transfer_from in (None, size.name)
+        lr_runs = {a.name: len(a.lr_grid or p.lr_grid) * len(p.search_seeds()) * searched for a in p.arms}
+        lr_stage = sum(lr_runs[a] * run_s.get(a, math.nan) for a in lr_runs)
         core += per_size + lr_stage
         lines.append(f"size {size.name}: {n} seeds x {len(p.arms)} arms at {size.budget_flops:.3g} FLOPs each "
                      f"({n * len(p.arms) * size.budget_flops:.3g} FLOPs); seeds stage {per_size / 60:.1f} core-min, "
-                     f"lr stage ({len(p.lr_grid)} lrs) {lr_stage / 60:.1f} core-min")
+                     f"lr stage ({sum(lr_runs.values())} runs before any extension) {lr_stage / 60:.1f} core-min")
     lines.append(f"total: {core / 60:.1f} core-minutes; wall {core / 60 / s['workers']:.1f} min on {s['workers']} "
                  "worker(s) (from the pilot's measured FLOP/s and start-up per run; n/a without a pilot)")
     return lines

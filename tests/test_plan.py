@@ -140,3 +140,24 @@ def test_one_pilot_arm_stands_for_every_arm(tmp_path):
     spec.plan["pilot_arm"] = "nosuch"
     with pytest.raises(ValueError, match="invalid plan pilot_arm='nosuch': the pilot .* has seeds-stage runs of"):
         plan_rows(spec, settings(spec), runs)
+
+
+def test_the_lr_stage_estimate_counts_each_arms_grid_and_every_lr_seed():
+    from sweeps.plan import render, settings
+
+    spec = _spec("study", sd=0.01)
+    spec.lr_grid, spec.lr_seeds = [1e-3, 2e-3, 4e-3], (100, 101)
+    spec.arms[1] = ProtocolArm("rope", "pos", (), (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2))
+    rows = [{**r, "run_s": 60.0, "baseline_run_s": 60.0} for r in plan_rows_of(spec)]
+    text = "\n".join(render(spec, settings(spec), rows))
+    # per size: base, alibi, rms 3 lrs x 2 seeds = 18 runs; rope 5 x 2 = 10: 28 one-minute runs
+    assert text.count("lr stage (28 runs before any extension) 28.0 core-min") == 2, text
+    spec.lr_transfer_from = "s"  # searched at s only
+    text = "\n".join(render(spec, settings(spec), rows))
+    assert "lr stage (28 runs before any extension) 28.0" in text and "lr stage (0 runs" in text, text
+
+
+def plan_rows_of(spec):
+    from sweeps.plan import plan_rows, settings
+
+    return plan_rows(spec, settings(spec), None)

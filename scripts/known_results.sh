@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The known-results study (issue 26; conf/verdict/known-results.yaml): seven published swaps against one baseline,
+# each decided through the verdict protocol from one clean commit, with the recipe and the seed spread of the recipe
+# pilot (reports/recipe-pilot/); then the n-gram floor of the same val targets, paired training throughput of the arms,
+# the compact store and the generated report (reports/known-results/report/).
+#
+#   scripts/known_results.sh            # run (or continue: the protocol skips finished runs) into study/known-results/
+#   scripts/known_results.sh --report   # only regenerate the report from the store; without study/known-results/mlflow.db
+#                                       # it uses the committed reports/known-results/mlflow.db.gz
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's code, whatever is installed
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+name=known-results
+report_only=0
+if [[ "${1:-}" == "--report" ]]; then report_only=1; fi
+store=$(mkdir -p "study/$name" && cd "study/$name" && pwd)
+gz=reports/$name/mlflow.db.gz
+optuna_gz=reports/$name/optuna.db.gz
+uri="sqlite:///$store/mlflow.db"
+mkdir -p "reports/$name" study/recipe-pilot
+# the planner's seed spread: the committed recipe pilot
+[[ -f study/recipe-pilot/mlflow.db ]] || gunzip -c reports/recipe-pilot/mlflow.db.gz > study/recipe-pilot/mlflow.db
+compact() {  # a compact copy of a SQLite store (VACUUM; metrics, params, tags; no artifacts), gzipped
+  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
+    "$1" "$1.compact" && gzip -9 -n -c "$1.compact" > "$2" && rm "$1.compact"
+}
+if [[ $report_only == 0 ]]; then
+  # a study that spans sessions continues from the committed stores when this checkout has none
+  if [[ ! -f "$store/mlflow.db" && -f "$gz" ]]; then gunzip -c "$gz" > "$store/mlflow.db"; fi
+  if [[ ! -f "$store/optuna.db" && -f "$optuna_gz" ]]; then gunzip -c "$optuna_gz" > "$store/optuna.db"; fi
+  trap 'compact "$store/mlflow.db" "$gz"; compact "$store/optuna.db" "$optuna_gz"' EXIT  # keep what ran, even when stopped
+  python -m sweeps.verdict verdict=$name tracking.uri="$uri" verdict.storage="sqlite:///$store/optuna.db" \
+    checkpoint.dir="$store/checkpoints" trainer.enable_progress_bar=false
+  python -m sweeps.floor experiment=known-results log=true tracking.uri="$uri"
+  # training throughput of the arms, paired: interleaved rounds in one process (the runs' own tokens/s were measured
+  # at different times on a shared machine)
+  m="experiment=known-results"
+  python -m ablations.paired --model small-cpu --threads 1 --steps 10 --rounds 8 --json reports/$name/paired.json \
+    "baseline=$m" "rope=$m position=rope" "rmsnorm=$m norm=rmsnorm" "swiglu=$m mlp=swiglu" "geglu=$m mlp=geglu" \
+    "gqa=$m attention=gqa attention.n_kv_head=2" "mqa=$m attention=mqa" "qknorm=$m norm.qk_norm=true"
+elif [[ ! -f "$store/mlflow.db" ]]; then
+  gunzip -c "$gz" > "$store/mlflow.db"
+fi
+rm -rf "reports/$name/report"
+MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report $name --kind known-results \
+  --out "reports/$name/report" --paired "reports/$name/paired.json"
+python -m sweeps.plan verdict=$name pilot_uri=sqlite:///study/recipe-pilot/mlflow.db > "reports/$name/plan.txt"
