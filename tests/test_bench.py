@@ -128,6 +128,50 @@ def test_cache_appends_in_place():
     assert cache.nbytes <= cache.reserved_nbytes <= accounting.kv_cache_bytes(cfg, T, dtype=torch.float32)
 
 
+@pytest.mark.slow
+def test_harness_pairs_each_window_with_the_bare_steps_inside_it():
+    """Section `harness`: one bare step after every harness step, counted in the window it ran in and paused out of
+    the harness's clock. A stand-in bare trainer returns 2**i tokens at its i-th call, so each window's token sum
+    names exactly the calls it holds; the harness's training time plus the bare steps' time cannot exceed the wall
+    time in which both ran (it would if the bare steps were not paused out)."""
+    import time
+
+    import lightning.pytorch as pl
+
+    from ablations.bench.harness import bare_steps, harness_tokens_per_sec
+
+    class Stand_in:
+        device, calls, seconds = "cpu", 0, 0.0
+
+        def step(self):
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 0.1:  # long beside a tiny step and a flush: a missing pause shows
+                pass
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
+            return float(2 ** (self.calls - 1))
+
+    class Clock(pl.Callback):  # the wall time of training: from the first to the last step's end
+        def on_train_start(self, trainer, pl_module):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.t1 = time.perf_counter()
+            self.elapsed = next(c for c in trainer.callbacks if hasattr(c, "elapsed_sec")).elapsed_sec
+
+    bare, clock = Stand_in(), Clock()
+    cb = bare_steps(bare)
+    harness_tokens_per_sec(["model=tiny", "trainer.precision=32-true", "trainer.log_every_n_steps=4",
+                            "tracking.system_metrics=false"], 12, callbacks=[cb, clock])
+    assert bare.calls == 12 and len(cb.harness) == 3  # windows close at steps 4, 8, 12
+    # window 1: the bare steps after harness steps 1-3; window 2: after steps 4-7; window 3: after 8-11
+    assert [tokens for tokens, _ in cb.bare] == [2**0 + 2**1 + 2**2, sum(2**i for i in range(3, 7)),
+                                                sum(2**i for i in range(7, 11))]
+    assert all(h > 0 for h in cb.harness)
+    # elapsed_sec is training time up to step 12's window; the bare steps before it ran inside the same wall time
+    assert clock.elapsed + sum(seconds for _, seconds in cb.bare) <= clock.t1 - clock.t0 + 1e-3
+
+
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "variants.json"
