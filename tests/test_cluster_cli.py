@@ -77,9 +77,15 @@ def test_bench_norms_section_reports_the_paired_ratio(tmp_path, capsys):
         torch.set_num_threads(threads)
     r = capsys.readouterr()
     norms = json.loads(out.read_text())["norms"]
-    paired = norms["paired"]
-    assert paired["command"].startswith("python -m ablations.paired --model tiny ")
-    assert paired["ratio_rmsnorm_over_layernorm"] > 0 and set(paired["tokens_per_sec"]) == {"layernorm", "rmsnorm"}
+    assert set(norms["paired"]) == set(norms["in_training"]) == {"32-true", "bf16-mixed"}  # both precisions
+    for precision, paired in norms["paired"].items():
+        assert paired["command"].startswith("python -m ablations.paired --model tiny ")
+        assert f"trainer.precision={precision}" in paired["command"] and paired["precision"] == precision
+        assert paired["ratio_rmsnorm_over_layernorm"] > 0 and set(paired["tokens_per_sec"]) == {"layernorm", "rmsnorm"}
+        for norm in ("layernorm", "rmsnorm"):  # tiny: 2 blocks x 2 norms + the final norm, each timed both ways
+            t = norms["in_training"][precision][norm]
+            assert t["calls_per_step"] == 5 and t["forward"] > 0 and t["backward"] > 0
     assert {"layernorm fwd+bwd", "rmsnorm fwd+bwd", "empty autograd.Function"} <= set(norms["kernel_seconds"])
     assert norms["rmsnorm_floor"] in ("forward", "backward", "autograd.Function")
-    assert "paired training rmsnorm / layernorm (tiny" in r.out
+    assert "paired training rmsnorm / layernorm (tiny, 32-true)" in r.out
+    assert "paired training rmsnorm / layernorm (tiny, bf16-mixed)" in r.out
