@@ -366,7 +366,7 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, shakespeare_path, mon
     if name == "muon":
         assert p["parametrization"] == "mup (base_width 16)" and p["model.parametrization"] == "mup"
         assert p["optimizer.group.2"] == ("muon hidden_matrix: 8 tensors, 24576 params, lr 0.002121 (x0.7071), "
-                                          "weight_decay 0.1")
+                                          "weight_decay 0.141421")  # 0.1 / 0.7071
     else:
         assert p["parametrization"] == "sp"
         assert p["optimizer.group.0"] == ("adamw embedding+hidden_matrix: 10 tensors, 33792 params, lr 0.003 (x1), "
