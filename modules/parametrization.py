@@ -6,7 +6,7 @@ plain logits, one lr for every parameter.
 `mup` is the Maximal Update Parametrization of Yang et al. 2022 ("Tensor Programs V", Table 3, Adam column, in its
 output-multiplier form as Microsoft's `mup` package implements it), relative to a base model: this model with
 n_embd = mup.base_width, depth and every other option unchanged. Width grows by heads (mup.width_grows=heads, the
-default, as Cerebras-GPT and EleutherAI's muP guide do): every head keeps mup.head_dim (None: base_width / n_head,
+harness's default, as Cerebras-GPT and EleutherAI's muP guide do): every head keeps mup.head_dim (None: base_width / n_head,
 n_head then counts the base model's heads) and n_head = n_embd / head_dim, so the attention scale is the same at
 every width. mup.width_grows=head_size keeps n_head and widens each head instead. With m the ratio
 fan_in / base fan_in of a parameter and s0 = mup.init_std:
@@ -65,7 +65,10 @@ WIDTH_GROWS = ("heads", "head_size")
 @dataclass(frozen=True)
 class MupOptions:
     base_width: int | None = None  # n_embd of the base model (the width the lr was tuned at); mup needs it
-    width_grows: str = "heads"     # heads: n_head = n_embd / head_dim; head_size: n_head fixed, heads widen
+    # heads: n_head = n_embd / head_dim; head_size: n_head fixed, heads widen. The harness's default is heads
+    # (conf/model/_gpt.yaml); a config that does not name the rule is one recorded before it existed, so it keeps
+    # that form and a re-run or resume of such a run rebuilds the same model
+    width_grows: str = "head_size"
     head_dim: int | None = None    # heads: every head's size; None: base_width / n_head (the base model's heads)
     init_std: float = SP_INIT_STD  # the base model's init std (sp's 0.02; hidden matrices get it / sqrt(m))
     output_mult: float = 1.0       # the base model's logit multiplier (times base_width / n_embd)
@@ -125,6 +128,9 @@ def mup_heads(cfg) -> tuple[int, MupOptions]:
         raise ConfigError("invalid mup.base_width=None: parametrization=mup needs the width the lr was tuned at, "
                           "e.g. model.mup.base_width=64")
     if mup.width_grows == "head_size":
+        if mup.head_dim is not None:
+            raise ConfigError(f"invalid mup.head_dim={mup.head_dim}: with mup.width_grows=head_size the heads widen; "
+                              f"set model.mup.width_grows=heads to keep heads of {mup.head_dim}")
         return cfg.n_head, mup
     hd = mup.head_dim
     if hd is None:

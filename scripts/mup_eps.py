@@ -22,7 +22,7 @@ def denominators(width: int, steps: int, data: torch.Tensor, eps: float) -> torc
     """sqrt(v_hat) of every hidden-matrix entry after `steps` AdamW steps (v_hat: v / (1 - beta2^t))."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(256, 32, 2, 4, width, tie_weights=False, parametrization="mup",
-                          mup={"base_width": 32, "head_dim": 8}))
+                          mup={"base_width": 32, "width_grows": "heads", "head_dim": 8}))
     opt = build_optimizer(model, {"name": "adamw", "lr": 2.0 ** -7, "weight_decay": 0.1, "eps": eps})
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):

@@ -180,6 +180,7 @@ def test_mla_fused_blocks_and_their_muon_factors():
     assert r.muon_lr_mults == pytest.approx((0.5, 1 / math.sqrt(2)))
 
 
+HEADS = {"base_width": 32, "width_grows": "heads"}  # the harness's default rule (conf/model/_gpt.yaml)
 GROWS_BY_HEADS = {  # base width 32 with 4 heads: head_dim 8; by hand per attention: n_kv_head and the numbers
     # one layer's KV cache holds per token at widths 32 / 128 / 256 (MHA 2 * n_head * 8; GQA 2 * 2 * 8; MQA 2 * 8;
     # MLA the latent n_embd/2 plus the shared rotary key 8/2), and the score width (MLA: 8 + 4)
@@ -201,7 +202,7 @@ def test_width_grows_by_heads(attention):
     want = GROWS_BY_HEADS[attention]
     att = {"name": "gqa", "n_kv_head": 2} if attention == "gqa" else attention
     for i, width in enumerate((32, 128, 256)):
-        cfg = GPTConfig(256, 32, 2, 4, width, attention=att, parametrization="mup", mup={"base_width": 32})
+        cfg = GPTConfig(256, 32, 2, 4, width, attention=att, parametrization="mup", mup=HEADS)
         assert (cfg.n_head, cfg.head_size, cfg.mup.head_dim, cfg.n_kv_head) == (width // 8, 8, 8, want["kv"][i])
         assert kv_cache_bytes_per_token(cfg, torch.float32) == 2 * want["cache"][i] * 4  # 2 layers, 4 bytes
         assert (base_config(cfg).n_head, base_config(cfg).n_embd) == (4, 32)
@@ -212,6 +213,20 @@ def test_width_grows_by_heads(attention):
     cfg = GPTConfig(256, 32, 2, 4, 128, attention=att, parametrization="mup",
                     mup={"base_width": 32, "width_grows": "head_size"})
     assert (cfg.n_head, cfg.head_size) == (4, 32)
+
+
+def test_a_config_without_the_rule_keeps_its_heads():
+    """The harness composes mup.width_grows=heads (conf/model/_gpt.yaml); a config that does not name the rule was
+    recorded before it existed (its config.yaml, its checkpoint's hyperparameters), so it rebuilds the model it
+    trained: 4 heads of 32 at width 128, the attention scale sqrt(8) / 32."""
+    recorded = {"vocab_size": 256, "block_size": 32, "n_layer": 2, "n_head": 4, "n_embd": 128,
+                "parametrization": "mup", "mup": {"base_width": 32}}
+    cfg = GPTConfig.from_dict(recorded)
+    assert (cfg.n_head, cfg.head_size, cfg.mup.width_grows) == (4, 32, "head_size")
+    assert GPT(cfg).blocks[0].attn.scale == pytest.approx(math.sqrt(8) / 32, rel=1e-12)
+    composed_cfg = GPTConfig.from_dict(composed(["model.parametrization=mup", "model.mup.base_width=16",
+                                                  "model.n_embd=64"]).model)
+    assert (composed_cfg.n_head, composed_cfg.head_size) == (16, 4)  # tiny: 4 heads at base width 16
 
 
 @pytest.mark.parametrize("grows", ["heads", "head_size"])
@@ -315,7 +330,7 @@ def _activations(model, x) -> dict[str, float]:
 def _coord_run(width, parametrization, optim, seed, data, steps):
     """The activations at init (keys @0) and after `steps` steps at lr 1e-2, on a held-out batch."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(256, 32, 2, 4, width, parametrization=parametrization, mup={"base_width": 32}))
+    model = GPT(GPTConfig(256, 32, 2, 4, width, parametrization=parametrization, mup=HEADS))
     opt = build_optimizer(model, {"name": optim, "lr": 1e-2, "weight_decay": 0.0})
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(data) - 33, (steps + 1, 8), generator=g)
@@ -381,19 +396,23 @@ def test_coordinate_check_muon(text_bytes):
     ({"parametrization": "mup", "mup": {"base_width": 64}},
      r"^invalid mup.base_width=64: larger than n_embd=32; .*use a base_width <= 32\)$"),
     ({"parametrization": "mup"}, r"^invalid mup.base_width=None: parametrization=mup needs .*base_width=64$"),
-    ({"parametrization": "mup", "mup": {"base_width": 6}},
+    ({"parametrization": "mup", "mup": {"base_width": 6, "width_grows": "heads"}},
      r"^invalid mup.base_width=6: must be divisible by n_head=4 \(n_head counts the base model's heads; or set "
      r"model.mup.head_dim\)$"),
     ({"parametrization": "mup", "mup": {"base_width": 6, "width_grows": "head_size"}},
      r"^invalid mup.base_width=6: must be divisible by n_head=4 \(the base model keeps the heads"),
-    ({"parametrization": "mup", "mup": {"base_width": 16, "head_dim": 12}},
+    ({"parametrization": "mup", "mup": {"base_width": 16, "head_dim": 12, "width_grows": "heads"}},
      r"^invalid n_embd=32: must be divisible by mup.head_dim=12 \(under mup the width grows by heads of that size; "
      r"or set model.mup.width_grows=head_size\)$"),
-    ({"parametrization": "mup", "mup": {"base_width": 24, "head_dim": 16}},
+    ({"parametrization": "mup", "mup": {"base_width": 24, "head_dim": 16, "width_grows": "heads"}},
      r"^invalid mup.base_width=24: must be divisible by mup.head_dim=16"),
-    ({"parametrization": "mup", "mup": {"base_width": 8, "head_dim": 4}, "attention": {"name": "gqa", "n_kv_head": 4}},
+    ({"parametrization": "mup", "mup": {"base_width": 8, "head_dim": 4, "width_grows": "heads"},
+      "attention": {"name": "gqa", "n_kv_head": 4}},
      r"^invalid mup.base_width=8: the base model \(n_embd=8\) is invalid: invalid attention.n_kv_head=4: must "
      r"divide n_head=2"),
+    ({"parametrization": "mup", "mup": {"base_width": 16, "head_dim": 4}},
+     r"^invalid mup.head_dim=4: with mup.width_grows=head_size the heads widen; set model.mup.width_grows=heads "
+     r"to keep heads of 4$"),
     ({"parametrization": "mup", "mup": {"base_width": 16, "width_grows": "width"}},
      r"^invalid mup.width_grows='width': choose one of heads, head_size$"),
     ({"parametrization": "mup", "mup": {"base_width": 16, "init_std": 0}},

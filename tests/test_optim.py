@@ -86,10 +86,10 @@ def test_mup_groups_carry_the_lr_multipliers():
 
 
 def _mup(width, **kw) -> GPT:
-    """Base width 32 with 4 heads (head_dim 8), 2 layers, at `width`, untied head."""
+    """Base width 32 with 4 heads (heads of 8 at every width), 2 layers, at `width`, untied head."""
     torch.manual_seed(0)
-    return GPT(GPTConfig(256, 32, 2, 4, width, tie_weights=False, parametrization="mup", mup={"base_width": 32},
-                         **kw))
+    return GPT(GPTConfig(256, 32, 2, 4, width, tie_weights=False, parametrization="mup",
+                         mup={"base_width": 32, "width_grows": "heads"}, **kw))
 
 
 def _mu_adam(model, lr, wd) -> dict[int, tuple[float, float]]:
