@@ -97,12 +97,20 @@ def test_plan_seeds_grow_with_the_family_and_shrink_with_the_spread():
     assert prim["s"] == 2  # no primary comparison at s: plan.secondary_seeds
 
 
-def test_pilot_spreads_from_a_protocol_store(tmp_path):
-    from test_protocol_report import BPB, EXPERIMENT, make_store
+@pytest.fixture(scope="module")
+def pilot_store(tmp_path_factory):
+    """A protocol store of test_protocol_report's design, made once: (its tracking URI, its pilot frame)."""
+    from test_protocol_report import EXPERIMENT, make_store
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = f"sqlite:///{tmp_path_factory.mktemp('pilot')}/mlflow.db"
     make_store(uri)
-    runs = pilot_frame(EXPERIMENT, uri)
+    return uri, pilot_frame(EXPERIMENT, uri)
+
+
+def test_pilot_spreads_from_a_protocol_store(pilot_store):
+    from test_protocol_report import BPB
+
+    uri, runs = pilot_store
     assert set(runs["verdict.stage"]) == {"seeds"}  # the lr stage is not a seed spread
     sp = spread_of(runs, "rope", "m")
     assert sp.sd == pytest.approx(float(np.std(BPB["m"]["rope"], ddof=1))) and sp.df == 2
@@ -122,14 +130,12 @@ def test_cli_prints_the_plan(capsys):
     assert len(err) == 1 and "plan.pilot" in err[0]
 
 
-def test_one_pilot_arm_stands_for_every_arm(tmp_path):
-    from test_protocol_report import BPB, EXPERIMENT, make_store
+def test_one_pilot_arm_stands_for_every_arm(pilot_store):
+    from test_protocol_report import BPB, EXPERIMENT
 
     from sweeps.plan import plan_rows, settings
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    make_store(uri)
-    runs = pilot_frame(EXPERIMENT, uri)
+    uri, runs = pilot_store
     spec = _spec("study", sd=None)
     spec.plan = {"pilot": EXPERIMENT, "pilot_uri": uri, "pilot_arm": "rope"}
     rows = plan_rows(spec, settings(spec), runs)
