@@ -1,13 +1,13 @@
 """Section `harness`: the same model trained through `ablations.train.train` (Lightning + Hydra + MLflow on a
 throwaway SQLite store) against the bare loop, paired in one process.
 
-After every harness step a callback runs one step of the bare loop (`BareTrainer`: same model config, precision
-and batch shape) and takes its time out of the harness's clock. Per logging window of the harness
+After every harness step a callback runs one step of the bare loop (`BareTrainer`: same model config, precision and
+batch shape) and takes its time out of the harness's clock. Per logging window of the harness
 (`trainer.log_every_n_steps` optimizer steps; its throughput excludes validation, checkpoints and tracking calls),
 the ratio is the harness's tokens/s over that of the bare steps run within the window, summarised as a geometric
-mean with a 95% t interval (`ablations.paired.ratio_summary`); the first window (start-up) is left out. Runs made minutes apart on a
-shared machine differ by the load, not by the harness: the unpaired figure (the harness's whole-run tokens/s over
-the `train` section's best 1-s round) is kept in the JSON for comparison.
+mean with a 95% t interval (`ablations.paired.ratio_summary`); the first window (start-up) is left out. Runs made
+minutes apart on a shared machine differ by the load, not by the harness: the unpaired figure (the harness's
+whole-run tokens/s over the `train` section's best 1-s round) is kept in the JSON for comparison.
 """
 from __future__ import annotations
 
