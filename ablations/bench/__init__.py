@@ -7,7 +7,7 @@ module of this package, in table order (each module's docstring says what it mea
 - train (train.py): training tokens/sec and MFU of a bare PyTorch loop (no Lightning, no logging) at 32-true,
   bf16-mixed and bf16-mixed + torch.compile, and the loss each reached after the same steps on the same batches;
 - harness (harness.py): the same model trained through `ablations.train.train` (Lightning + Hydra + MLflow), over
-  the bare loop;
+  the bare loop, paired step by step in one process;
 - inference (inference.py): batch-1 prefill tokens/sec, and batch-1 greedy decode tokens/sec with and without the
   KV cache at several context lengths, the cache bytes measured (and predicted), and the decode ceiling (read
   bandwidth / bytes read per token) with the fraction of it reached;
@@ -15,7 +15,9 @@ module of this package, in table order (each module's docstring says what it mea
 - scaling (scaling.py): step time and activation memory against context length and width, measured KV-cache bytes
   of every attention variant;
 - variants (variants.py): every registered variant of every family swapped into the composed model one at a time,
-  training, prefill and decode tokens/s each as a fraction of its own analytic bound.
+  training, prefill and decode tokens/s each as a fraction of its own analytic bound;
+- norms (norms.py): RMSNorm against LayerNorm: paired training in 32-true and bf16-mixed, each norm's forward and
+  backward per call inside training steps, and its kernels at the model's activation shape.
 
 Definitions. MFU = flops_per_token (modules.accounting: 6N + attention) x tokens/sec / the measured dense GEMM peak
 of the precision the matmuls run in (fp32 for 32-true, bf16 for bf16-mixed), or `--peak-flops` when given (e.g. a
