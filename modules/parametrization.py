@@ -6,9 +6,10 @@ plain logits, one lr for every parameter.
 `mup` is the Maximal Update Parametrization of Yang et al. 2022 ("Tensor Programs V", Table 3, Adam column, in its
 output-multiplier form as Microsoft's `mup` package implements it), relative to a base model: this model with
 n_embd = mup.base_width, depth and every other option unchanged. Width grows by heads (mup.width_grows=heads, the
-harness's default, as Cerebras-GPT and EleutherAI's muP guide do): every head keeps mup.head_dim (None: base_width / n_head,
-n_head then counts the base model's heads) and n_head = n_embd / head_dim, so the attention scale is the same at
-every width. mup.width_grows=head_size keeps n_head and widens each head instead. With m the ratio
+harness's default, as Cerebras-GPT and EleutherAI's muP guide do): every head keeps mup.head_dim (None:
+base_width / n_head, n_head then counts the base model's heads) and n_head = n_embd / head_dim, so the attention
+scale is the same at every width. mup.width_grows=head_size keeps n_head and widens each head instead (and is what
+a config that does not name the rule means: one recorded before it existed). With m the ratio
 fan_in / base fan_in of a parameter and s0 = mup.init_std:
 
     parameter role   init std         Adam lr   Adam decay   Muon lr (match_rms_adamw)         forward
