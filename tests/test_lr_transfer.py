@@ -128,6 +128,14 @@ def test_report_is_regenerated_byte_for_byte(store, tmp_path):
     assert "git commit `c0ffee`" in text and "lr_transfer.svg" in text
     assert "| AdamW | μP | 2 (4x) | +0 | 0 | 0 | yes | 0.020 | **held** |" in text
     assert "| Muon | SP | 2 (4x) | +1 | 1 | 1 | no | 0.020 | not established |" in text
+    assert text.startswith("# Learning-rate transfer across width: SP and μP, AdamW and Muon\n")
+    assert "`scripts/lr_transfer.sh --report` regenerates" in text
+
+
+def test_the_page_names_its_own_script_and_optimizers(store, tmp_path):
+    uri, _ = store
+    text = lt.build(tmp_path, uri, script="scripts/other.sh")[0].read_text()
+    assert "--script scripts/other.sh` from" in text and "`scripts/other.sh --report` regenerates" in text
 
 
 def test_unknown_experiment_is_one_line(store, capsys):
