@@ -146,7 +146,9 @@ SHARED_GROUPS = {"test_harness_run": "multirun", "test_context_length": "multiru
 LONGEST_FIRST = ("test_tracking_server", "multirun", "test_verdict_protocol", "test_sweeps_postgres",
                  "test_analysis_real", "test_verdict_transfer", "test_sweeps_sqlite", "test_sweep_workers",
                  "test_data_shards", "test_mup", "test_protocol_report", "test_export", "test_optim", "test_paired",
-                 "test_sweeps_unit", "test_reproducibility", "test_harness_errors")
+                 "test_sweeps_unit", "test_known_results", "test_tracking_faults", "test_verdict_lr_seeds",
+                 "test_prepare_resume", "test_prepare_manifest", "test_bench", "test_budget", "test_reproducibility",
+                 "test_harness_errors")
 
 
 def _group(nodeid: str) -> str:
