@@ -33,7 +33,7 @@ from ablations.compose import CONF_DIR
 from sweeps.protocol import VerdictError, load_spec, protocol_uri
 
 DEFAULTS = {"pilot": None, "pilot_uri": None, "pilot_arm": None, "sd": None, "power": 0.8, "alpha": 0.05, "max_seeds": 30,
-            "goal": "both", "workers": 1, "secondary_seeds": 2}
+            "goal": "both", "workers": 1, "secondary_seeds": 2, "sd_at": "estimate"}
 GOALS = ("detect", "equivalence", "both")
 SD_UPPER = 0.8  # the one-sided confidence of the seed spread's upper bound
 
@@ -168,6 +168,9 @@ def settings(p, overrides: dict | None = None) -> dict:
     s = {**DEFAULTS, **{k: v for k, v in (p.plan or {}).items() if v is not None}, **(overrides or {})}
     if s["goal"] not in GOALS:
         raise ValueError(f"invalid plan goal={s['goal']!r}: choose one of {', '.join(GOALS)}")
+    if s["sd_at"] not in ("estimate", "upper"):
+        raise ValueError(f"invalid plan sd_at={s['sd_at']!r}: choose estimate (the pilot's sd) or upper (its 80% "
+                         "upper confidence bound)")
     for key in ("max_seeds", "workers", "secondary_seeds"):
         if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < (2 if key == "max_seeds" else 1):
             raise ValueError(f"invalid plan {key}={s[key]!r}: expected a positive integer")
@@ -221,9 +224,11 @@ def run_seconds(runs, arm: str, budget_flops: float) -> float:
     return budget_flops / rate + start if rate > 0 else math.nan
 
 
-def chosen(row: dict, goal: str) -> int | None:
+def chosen(row: dict, goal: str, sd: str = "estimate") -> int | None:
+    """Seeds the goal needs with the spread at its estimate, or at its 80% upper confidence bound (sd="upper": a
+    pilot of a few seeds may have drawn a low spread)."""
     keys = {"detect": ("detect",), "equivalence": ("equivalence",), "both": ("detect", "equivalence")}[goal]
-    vals = [row[k] for k in keys]
+    vals = [row[k + ("_upper" if sd == "upper" else "")] for k in keys]
     return None if any(v is None for v in vals) else max(vals)
 
 
@@ -244,7 +249,7 @@ def _is_primary(p, arm: str, size: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-OWN_KEYS = ("pilot", "pilot_uri", "pilot_arm", "sd", "power", "alpha", "max_seeds", "goal", "workers")
+OWN_KEYS = ("pilot", "pilot_uri", "pilot_arm", "sd_at", "sd", "power", "alpha", "max_seeds", "goal", "workers")
 
 
 def _n(v) -> str:
@@ -288,7 +293,8 @@ def render(p, s: dict, rows: list[dict]) -> list[str]:
 def plan_seeds_from_rows(p, s: dict, rows: list[dict]) -> dict[str, int]:
     out = {}
     for size in p.sizes:
-        needs = [chosen(r, s["goal"]) for r in rows if r["size"] == size.name and _is_primary(p, r["arm"], size.name)]
+        needs = [chosen(r, s["goal"], s["sd_at"]) for r in rows
+                 if r["size"] == size.name and _is_primary(p, r["arm"], size.name)]
         out[size.name] = s["secondary_seeds"] if not needs else max(s["max_seeds"] if n is None else n for n in needs)
     return out
 

@@ -167,3 +167,29 @@ def plan_rows_of(spec):
     from sweeps.plan import plan_rows, settings
 
     return plan_rows(spec, settings(spec), None)
+
+
+def test_seeds_at_the_spreads_upper_bound_when_asked():
+    from sweeps.plan import chosen
+
+    row = {"detect": 6, "equivalence": 5, "detect_upper": 11, "equivalence_upper": 12}
+    assert chosen(row, "both") == 6 and chosen(row, "both", "upper") == 12 and chosen(row, "detect", "upper") == 11
+    est = plan_seeds(_spec("study", sd=0.005))
+    spec = _spec("study", sd=0.005)
+    spec.plan["sd_at"] = "upper"
+    assert plan_seeds(spec) == est  # a given sd (plan.sd) has no confidence bound: the same seeds either way
+    spec.plan["sd_at"] = "high"
+    with pytest.raises(Exception, match="invalid plan sd_at='high'"):
+        plan_seeds(spec)
+
+
+def test_a_pilots_upper_bound_asks_for_more_seeds(pilot_store):
+    from test_protocol_report import EXPERIMENT
+
+    uri, _ = pilot_store
+    spec = _spec("study", sd=None)
+    spec.plan = {"pilot": EXPERIMENT, "pilot_uri": uri, "pilot_arm": "rope", "max_seeds": 200}
+    at_estimate = plan_seeds(spec)
+    spec.plan["sd_at"] = "upper"
+    at_upper = plan_seeds(spec)
+    assert at_upper["m"] > at_estimate["m"], (at_estimate, at_upper)
