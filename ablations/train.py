@@ -101,6 +101,7 @@ class Run:
     uri: str
     tags: dict[str, str]
     logged: dict[str, int]  # metric -> last step the run held when (re)opened: a resumed run logs later steps only
+    end_timeout_s: float = trk.END_TIMEOUT_S  # how long ending it may wait on the store: min(30 s, max_outage_s)
 
 
 # ------------------------------------------------------------------------------------------------ the path
@@ -150,7 +151,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
             return {"run_id": None}
         result = after_training(cfg, run, trained_model(lit, hw), data, hw, accounting, steps_done(trainer, run))
         run.client.set_tag(run.id, "wall_sec", f"{time.time() - t_start:.1f}")
-        trk.terminate(run.client, run.id, "FINISHED")
+        trk.terminate(run.client, run.id, "FINISHED", timeout=run.end_timeout_s)
         return result
     except BaseException as e:
         end_run_on_error(run, e)
@@ -385,6 +386,8 @@ def open_run(cfg: DictConfig, uri: str, run_tags: dict[str, str], hydra_name: st
         raise TrackingError(f"tracking.uri={uri}: cannot open experiment {cfg.tracking.experiment!r} "
                             f"({one_line(e, 200)})") from None
     run_tags = dict(run_tags)
+    # a run that ends waits no longer on the store than the outage the user said a run may wait out
+    end_timeout = min(trk.END_TIMEOUT_S, trk.max_outage_s(cfg.tracking))
     run_name = trk.fit_run_name(run_tags.pop("mlflow.runName", None) or hydra_name or "default")
     run_id, prev = None, resumed.get("mlflow_run_id") if resumed else None
     if prev:
@@ -398,9 +401,9 @@ def open_run(cfg: DictConfig, uri: str, run_tags: dict[str, str], hydra_name: st
         if "failure_reason" in cl.get_run(run_id).data.tags:
             cl.delete_tag(run_id, "failure_reason")
         cl.set_tag(run_id, "resumed_from_step", str(resumed.get("step")))
-        return Run(cl, run_id, uri, run_tags, trk.logged_through(cl, run_id))
+        return Run(cl, run_id, uri, run_tags, trk.logged_through(cl, run_id), end_timeout)
     run_id = cl.create_run(exp_id, run_name=run_name, tags=run_tags).info.run_id
-    return Run(cl, run_id, uri, run_tags, {})
+    return Run(cl, run_id, uri, run_tags, {}, end_timeout)
 
 
 def log_run_start(cfg: DictConfig, run: Run, model: GPT, accounting: dict, hw: Hardware, peak: Peak,
@@ -507,7 +510,7 @@ def end_run_on_error(run: Run | None, e: BaseException) -> None:
         reason = None if pruned else (f"interrupted ({one_line(e, 1000)})" if interrupted else one_line(e, 1000))
         try:
             trk.terminate(run.client, run.id, status, reason=reason,
-                          extra_tags={"pruned": "true"} if pruned else None)
+                          extra_tags={"pruned": "true"} if pruned else None, timeout=run.end_timeout_s)
         except (MlflowException, TrackingError) as e2:
             log.error("could not mark MLflow run %s %s: %s", run.id, status, one_line(e2, 300))
     if isinstance(e, SIGTERMException):  # Lightning's is a SystemExit with code 0: exit 128+SIGTERM
