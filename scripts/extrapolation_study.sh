@@ -14,6 +14,7 @@
 # train and evaluate in 3 parallel streams of two schemes each (EXTRAPOLATION_STREAMS=1 for one after the other).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/store.sh   # compact_store
 report_only=0
 if [[ "${1:-}" == "--report" ]]; then report_only=1; fi
 store=$(mkdir -p "${EXTRAPOLATION_STORE:-study/extrapolation}" && cd "${EXTRAPOLATION_STORE:-study/extrapolation}" && pwd)
@@ -61,10 +62,8 @@ if [[ $report_only == 0 ]]; then
   # the n-gram floor of the same data, tokenizer and val targets, logged into the store (the report reads it)
   python -m sweeps.floor experiment=extrapolation log=true tracking.uri="$uri"
   # a compact copy of the store (no artifacts) beside the report
-  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
-    "$store/mlflow.db" "$store/mlflow.compact.db"
   mkdir -p reports/extrapolation
-  gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+  compact_store "$store/mlflow.db" "$gz"
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi

@@ -13,6 +13,7 @@
 # OMP_NUM_THREADS=1 by default: on a shared 2-core machine one thread per run gives steady timings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/store.sh   # compact_store
 report_only=0
 if [[ "${1:-}" == "--report" ]]; then report_only=1; fi
 store=study
@@ -29,9 +30,7 @@ if [[ $report_only == 0 ]]; then
       python -m ablations.run -m "experiment=$family" "${arms[$family]}" trainer.enable_progress_bar=false)
   done
   # a compact copy of the store (no artifacts) beside the report
-  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
-    "$store/mlflow.db" "$store/mlflow.compact.db"
-  gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+  compact_store "$store/mlflow.db" "$gz"
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi

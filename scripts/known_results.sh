@@ -9,6 +9,7 @@
 #                                       # it uses the committed reports/known-results/mlflow.db.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/store.sh   # compact_store
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's code, whatever is installed
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 name=known-results
@@ -21,15 +22,11 @@ uri="sqlite:///$store/mlflow.db"
 mkdir -p "reports/$name" study/recipe-pilot
 # the planner's seed spread: the committed recipe pilot
 [[ -f study/recipe-pilot/mlflow.db ]] || gunzip -c reports/recipe-pilot/mlflow.db.gz > study/recipe-pilot/mlflow.db
-compact() {  # a compact copy of a SQLite store (VACUUM; metrics, params, tags; no artifacts), gzipped
-  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
-    "$1" "$1.compact" && gzip -9 -n -c "$1.compact" > "$2" && rm "$1.compact"
-}
 if [[ $report_only == 0 ]]; then
   # a study that spans sessions continues from the committed stores when this checkout has none
   if [[ ! -f "$store/mlflow.db" && -f "$gz" ]]; then gunzip -c "$gz" > "$store/mlflow.db"; fi
   if [[ ! -f "$store/optuna.db" && -f "$optuna_gz" ]]; then gunzip -c "$optuna_gz" > "$store/optuna.db"; fi
-  trap 'compact "$store/mlflow.db" "$gz"; compact "$store/optuna.db" "$optuna_gz"' EXIT  # keep what ran, even when stopped
+  trap 'compact_store "$store/mlflow.db" "$gz"; compact_store "$store/optuna.db" "$optuna_gz"' EXIT  # keep what ran, even when stopped
   python -m sweeps.verdict verdict=$name tracking.uri="$uri" verdict.storage="sqlite:///$store/optuna.db" \
     checkpoint.dir="$store/checkpoints" trainer.enable_progress_bar=false
   python -m sweeps.floor experiment=known-results log=true tracking.uri="$uri"

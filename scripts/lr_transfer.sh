@@ -15,6 +15,7 @@
 # Offline, point the corpus at a local copy with ABLATIONS_SHAKESPEARE_PATH (else it is downloaded and checksummed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/store.sh   # compact_store
 root=$(pwd)
 report_only=0
 if [[ "${1:-}" == "--report" ]]; then report_only=1; fi
@@ -85,9 +86,7 @@ if [[ $report_only == 0 ]]; then
   echo "[lr-transfer] $(date -u +%FT%TZ) runs done"
   rm -rf "$store/scratch-checkpoints"
   # a compact copy of the store (runs, params, metrics; no artifacts) beside the report
-  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
-    "$store/mlflow.db" "$store/mlflow.compact.db"
-  gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+  compact_store "$store/mlflow.db" "$gz"
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi

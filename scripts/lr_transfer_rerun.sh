@@ -18,6 +18,7 @@
 # width 32, 60 s at 256, 91 s at 128 under a second load: ~80 runs, ~1-1.5 h on one core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/store.sh   # compact_store
 root=$(pwd)
 report_only=0
 if [[ "${1:-}" == "--report" ]]; then report_only=1; fi
@@ -94,9 +95,7 @@ if [[ $report_only == 0 ]]; then
   echo "[lr-transfer-480] $(date -u +%FT%TZ) runs done"
   rm -rf "$store/scratch-checkpoints"
   # a compact copy of the store (runs, params, metrics; no artifacts) beside the report
-  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
-    "$store/mlflow.db" "$store/mlflow.compact.db"
-  gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+  compact_store "$store/mlflow.db" "$gz"
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi

@@ -8,6 +8,7 @@
 #                                      # study/recipe-pilot/mlflow.db it uses the committed reports/recipe-pilot/mlflow.db.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/store.sh   # compact_store
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's code, whatever is installed
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 name=recipe-pilot
@@ -24,9 +25,7 @@ if [[ $report_only == 0 ]]; then
   # the floor: count models fitted on the same train tokens, scored on the runs' val targets
   python -m sweeps.floor experiment=known-results log=true tracking.uri="$uri"
   # a compact copy of the store (metrics, params, tags; no artifacts) beside the report
-  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
-    "$store/mlflow.db" "$store/mlflow.compact.db"
-  gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+  compact_store "$store/mlflow.db" "$gz"
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi

@@ -13,6 +13,7 @@
 # Offline, point the corpus at a local copy with ABLATIONS_SHAKESPEARE_PATH (else it is downloaded and checksummed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/store.sh   # compact_store
 report_only=0
 if [[ "${1:-}" == "--report" ]]; then report_only=1; fi
 store=study/second-study
@@ -25,9 +26,7 @@ if [[ $report_only == 0 ]]; then
   # the n-gram floor of the same data, tokenizer and val targets, logged into the store (the report reads it)
   python -m sweeps.floor experiment=second-study log=true "tracking.uri=sqlite:///$store/mlflow.db"
   # a compact copy of the store (no artifacts) beside the report
-  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
-    "$store/mlflow.db" "$store/mlflow.compact.db"
-  gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+  compact_store "$store/mlflow.db" "$gz"
   # training throughput of the arms, paired: interleaved rounds in one process at the largest size (m), not the
   # runs' own tokens/s, which were measured at different times on a shared machine
   m="model.n_layer=2 model.n_head=2 model.n_embd=64 tokenizer=char tokenizer.vocab_size=65"

@@ -10,6 +10,7 @@
 #                                     # study/third-study/mlflow.db it uses the committed reports/third-study/mlflow.db.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/store.sh   # compact_store
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"   # this checkout's code, whatever is installed
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 report_only=0
@@ -29,9 +30,7 @@ if [[ $report_only == 0 ]]; then
   python -m ablations.paired --model small-cpu --threads 1 --steps 10 --rounds 8 \
     --json reports/third-study/paired.json "baseline=$m" "rope=$m position=rope" "rmsnorm=$m norm=rmsnorm"
   # a compact copy of the store (metrics, params, tags; no artifacts) beside the report
-  python -c "import shutil, sqlite3, sys; shutil.copy(sys.argv[1], sys.argv[2]); c = sqlite3.connect(sys.argv[2]); c.execute('VACUUM'); c.close()" \
-    "$store/mlflow.db" "$store/mlflow.compact.db"
-  gzip -9 -n -c "$store/mlflow.compact.db" > "$gz" && rm "$store/mlflow.compact.db"
+  compact_store "$store/mlflow.db" "$gz"
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
