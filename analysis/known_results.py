@@ -7,7 +7,7 @@ Its runs are a verdict protocol's (conf/verdict/known-results.yaml: every arm ag
 it reuses the protocol kind's load and most of its sections; it adds the rows of analysis/literature.py: one per
 published finding, with the paper's setting and result, our setting, our Δ with its interval and Holm p, our
 verdict and whether they agree. Rows can come from other committed reports too (literature.Finding.source):
-ALiBi's extrapolation from reports/extrapolation/report/context.csv, μP transfer from reports/lr-transfer's store.
+ALiBi's extrapolation from reports/extrapolation/report/context.csv, μP's Figure 1 from reports/lr-transfer/480-steps.
 
 Agreement: the paper's direction (better / worse / equivalent) against our verdict: the same is *agree*, another
 decided verdict is *disagree*, an inconclusive one is *undecided*. A disagreement is reported, never dropped.
@@ -31,7 +31,8 @@ from analysis.literature import BETTER, EQUIVALENT, FINDINGS, WORSE, Finding
 from analysis.verdict import VERDICT_METRIC
 
 EXTRAPOLATION_CSV = "reports/extrapolation/report/context.csv"  # relative to the repository (the scripts' cwd)
-LR_TRANSFER_STORE = "reports/lr-transfer/mlflow.db.gz"
+LR_TRANSFER_STORE = "reports/lr-transfer/480-steps/mlflow.db.gz"  # the μP re-run (issue 25): μP as it is built now
+LR_TRANSFER_EXPERIMENT = "lr-transfer-480"
 CSV = "known_results.csv"
 KV_FIGURE, LR_FIGURE = "quality_vs_kv_cache", "lr_sensitivity"
 KV_ARMS = ("baseline", "gqa", "mqa")  # the attention rows' figure: quality against KV-cache bytes per token
@@ -118,9 +119,11 @@ def extrapolation_row(ctx: Context, f: Finding) -> dict:
 
 
 def lr_transfer_row(ctx: Context, f: Finding) -> dict:
-    """Whether the best lr transferred across width under μP (analysis/lr_transfer.py's criterion) in the committed
-    lr-transfer store: held is the paper's finding, failed is not, not established is undecided."""
-    from analysis import lr_transfer
+    """Tensor Programs V's Figure 1 on the μP re-run (reports/lr-transfer/480-steps), judged by the hypothesis stated
+    there before its runs (analysis/lr_hypothesis.py): (a) the μP optimum moves at most one grid step across width,
+    (b) the wide μP model at the transferred lr is no worse than SP tuned at that width, (c) under μP wider is
+    better. The paper found all three: agree when all held, disagree when any failed, otherwise undecided."""
+    from analysis import lr_hypothesis, lr_transfer
 
     path = Path(ctx.sources.get("lr-transfer", LR_TRANSFER_STORE))
     if not path.is_file():
@@ -129,21 +132,21 @@ def lr_transfer_row(ctx: Context, f: Finding) -> dict:
         db = Path(tmp) / "mlflow.db"
         with gzip.open(path) as src, open(db, "wb") as dst:
             shutil.copyfileobj(src, dst)
-        study = lr_transfer.load_study(f"sqlite:///{db}")
-    opt = lr_transfer.optima(lr_transfer.curves(study.points))
-    tr = lr_transfer.transfer(opt)
-    t = tr[(tr["optimizer"] == f.arm) & (tr["parametrization"] == "mup")]
-    if not len(t):
-        return _row(f, f"no μP runs of `{f.arm}` in `{path}`", "n/a", "n/a", "not run")
-    t = t.iloc[0]
+        study = lr_transfer.load_study(f"sqlite:///{db}", LR_TRANSFER_EXPERIMENT)
+    cur = lr_transfer.curves(study.points)
+    opt = lr_transfer.optima(cur)
+    parts = [(part, verdict, sentence) for o, part, verdict, sentence in
+             lr_hypothesis.judge(cur, opt, lr_transfer.transfer(opt)) if o == f.arm]
+    if not parts:
+        return _row(f, f"no SP and μP runs of `{f.arm}` in `{path}`", "n/a", "n/a", "not run")
     mine = opt[(opt["optimizer"] == f.arm) & (opt["parametrization"] == "mup")].sort_values("width")
-    wider = mine["loss"].iloc[-1] - mine["loss"].iloc[0]
     setting = (f"`{path}`: {lr_transfer.LABELS.get(f.arm, f.arm)}, widths {mine['width'].iloc[0]}-"
-               f"{mine['width'].iloc[-1]} ({t['ratio']}x)")
-    delta = (f"best lr moved {t['shift']:+d} grid steps (span {t['span']}); best loss widest − narrowest "
-             f"{signed(wider, 3)} nats")
-    row = _row(f, setting, delta, "n/a (criterion, no test)", f"transfer {t['verdict']}")
-    return row | {"agreement": agreement(f.expected, {"held": BETTER, "failed": WORSE}.get(t["verdict"], ""))}
+               f"{mine['width'].iloc[-1]}, the hypothesis stated before its runs (hypothesis.md there)")
+    delta = "; ".join(f"({part}) {sentence}" for part, _, sentence in parts)
+    verdicts = [verdict for _, verdict, _ in parts]
+    verdict = ", ".join(f"({part}) {v}" for (part, _, _), v in zip(parts, verdicts))
+    ours = WORSE if "failed" in verdicts else BETTER if set(verdicts) == {"held"} else ""
+    return _row(f, setting, delta, "n/a (criteria, no test)", verdict) | {"agreement": agreement(f.expected, ours)}
 
 
 ROWS = {"protocol": protocol_row, "lr-sensitivity": lr_sensitivity_row, "extrapolation": extrapolation_row,

@@ -8,7 +8,8 @@ arm's loss against the baseline's), and where our number comes from (`source`):
 - `lr-sensitivity`: the lr stage of that protocol, `arm` against the baseline: how many grid lrs land within the
   tolerance of each arm's best (Wortsman et al. 2023 measure sensitivity over the lr range);
 - `extrapolation`: reports/extrapolation (context.csv): `arm`'s change in val bpb from the training context to 8x it;
-- `lr-transfer`: reports/lr-transfer (its committed store): whether the best lr stayed put across width under μP.
+- `lr-transfer`: reports/lr-transfer/480-steps (its committed store), judged by the three-part hypothesis stated
+  before its runs (hypothesis.md there): lr transfer, μP no worse than tuned SP at the widest width, wider is better.
 
 A number here is the paper's, as printed; where a paper reports no number comparable to ours the row gives the
 direction and the table or figure that shows it. Every row was checked against the source text (2026-12-02; `checked`

@@ -12,6 +12,7 @@ here with planted values, so that every row's verdict and agreement is known in 
 The runs declare a paired test (verdict.paired): the paired Δ and the correlation are checked against numpy.
 """
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -146,12 +147,18 @@ def test_alibi_row_recomputed_from_the_committed_extrapolation_csv(built):
     assert rows.loc["alibi", "verdict"] == "better"
 
 
-def test_mup_row_follows_the_transfer_criterion(built):
+def test_mup_row_reads_the_committed_hypothesis_page(built):
+    # the row judges the committed μP re-run by its three-part hypothesis; the page committed with that study
+    # (hypothesis.md, generated at the study's commit) states each part's verdict, so the row must say the same
     _, rows = built
-    verdict = rows.loc["mup", "verdict"]
-    assert verdict in ("transfer held", "transfer failed", "transfer not established")
-    assert rows.loc["mup", "agreement"] == {"transfer held": "agree", "transfer failed": "disagree"}.get(verdict,
-                                                                                                        "undecided")
+    page = (REPO / "reports/lr-transfer/480-steps/hypothesis.md").read_text()
+    parts = re.findall(r"^- \*\*\((\w)\) (held|failed|not established)\*\* for AdamW", page, re.M)
+    assert [p for p, _ in parts] == ["a", "b", "c"]
+    assert rows.loc["mup", "verdict"] == ", ".join(f"({p}) {v}" for p, v in parts)
+    verdicts = {v for _, v in parts}
+    expected = "disagree" if "failed" in verdicts else "agree" if verdicts == {"held"} else "undecided"
+    assert rows.loc["mup", "agreement"] == expected
+    assert "480-steps" in rows.loc["mup", "our_setting"]
 
 
 def test_paired_delta_and_correlation_beside_welch(built):
