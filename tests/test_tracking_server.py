@@ -2,12 +2,12 @@
 (a fresh database on the tests' PostgreSQL, see tests/sweeps_testing.py) and proxied artifacts in a temporary folder
 (`--artifacts-destination`), as docs/cluster.md starts it.
 
-- a run killed like kill -9 continues on "another machine" (an empty working directory, so no local checkpoint):
-  `resume=auto` fetches the checkpoint the run logged as an artifact, reopens the same run, logs each step once;
-  the server is stopped mid-run and started again, and no metric point is lost (MLflow's client retries);
-  `ablations.evaluate` then scores the run from a third empty directory;
-- the server stopped for longer than `tracking.max_outage_s`: the run ends with one line, its checkpoint kept, left
-  RUNNING; `resume=auto` finishes the same run (the fast fakes of the same faults: tests/test_tracking_faults.py);
+- one server outage (stopped mid-run and started again) met by two runs: a run killed like kill -9 that continues
+  on "another machine" (an empty working directory, so no local checkpoint: `resume=auto` fetches the checkpoint
+  the run logged as an artifact, reopens the same run) rides it out and logs each step once (MLflow's client
+  retries), and `ablations.evaluate` then scores it from a third empty directory; a run with a short
+  `tracking.max_outage_s` ends with one line, its checkpoint kept, left RUNNING, and `resume=auto` finishes the same
+  run (the fast fakes of the same faults: tests/test_tracking_faults.py);
 - two sweep workers on one study through Hydra's submitit launcher (`python -m sweeps.submit 2
   hydra/launcher=submitit_local`), one SIGKILLed mid-trial: its MLflow run ends KILLED (Optuna's heartbeat), the
   trial is retried, the study completes; `analysis.report` reads the server;
@@ -157,37 +157,68 @@ def only_run(c: MlflowClient, experiment: str):
     return c.search_runs([exp.experiment_id]) if exp else []
 
 
-def test_killed_run_resumes_elsewhere_through_a_server_outage(server, tmp_path, shakespeare_path):
-    env, c, steps, every = env_for(tmp_path), MlflowClient(server.url), 100, 5
+def test_one_outage_a_resumed_run_rides_it_out_a_bounded_run_ends_in_one_line(server, tmp_path, shakespeare_path):
+    """Two runs meet one server outage (one stop and start of the server, the suite's costliest wait):
+
+    - "resume": killed like kill -9 on machine A, resumed with `resume=auto` on machine B (an empty directory: the
+      checkpoint comes from the run's artifacts), B rides out the outage (within the default tracking.max_outage_s)
+      and finishes the same run with every logged step once; machine C (empty) evaluates it from the server;
+    - "outage" (issue 27 item 8): tracking.max_outage_s=5, so the outage ends it with one line (exit 2, no traceback)
+      within the bound plus terminate()'s min(30 s, 5 s), its checkpoint kept, left RUNNING (the server is still
+      down when it ends); once the server is back, `resume=auto` continues it to FINISHED, each logged step once.
+      The FAILED case (the store back within terminate()'s window) is tests/test_tracking_faults.py's.
+
+    Both runs hold at a known step (tests/faults.py's `hold@`) until the server is stopped, so the outage falls
+    inside their training on any machine."""
+    env, c = env_for(tmp_path), MlflowClient(server.url)
+    fault_env = {**env, "PYTHONPATH": str(REPO)}
+    steps, every = 100, 5
     args = tiny(shakespeare_path, **{"tracking.uri": server.url, "tracking.experiment": "resume",
                                      "trainer.max_steps": steps, "trainer.log_every_n_steps": every,
                                      "checkpoint.every_n_steps": 25})
+    e_steps, e_every = 60, 2
+    e_args = tiny(shakespeare_path, **{"tracking.uri": server.url, "tracking.experiment": "outage",
+                                       "trainer.max_steps": e_steps, "trainer.log_every_n_steps": e_every,
+                                       "checkpoint.every_n_steps": 10, "tracking.max_outage_s": 5})
     # machine A: dies like kill -9 after step 32 (metrics logged through step 30, its checkpoint of step 25 logged
-    # to the run as an artifact)
-    a = cli("tests.fault_run", ["kill@32", *args], tmp_path / "A", {**env, "PYTHONPATH": str(REPO)})
+    # to the run as an artifact); meanwhile the bounded run starts and holds at step 20
+    e = cli("tests.fault_run", ["hold@20", *e_args], tmp_path / "E", fault_env)
+    a = cli("tests.fault_run", ["kill@32", *args], tmp_path / "A", fault_env)
     out_a = finish(a)
     assert a.returncode == 137, out_a[-3000:]
     (run,) = only_run(c, "resume")
     assert run.info.status == "RUNNING"
     assert "checkpoints/last.ckpt" in {f.path for f in c.list_artifacts(run.info.run_id, "checkpoints")}
 
-    # machine B: an empty directory, resume=auto; the server goes away for a while mid-run and comes back
-    b = cli("ablations.run", [*args, "resume=auto"], tmp_path / "B", env)
-
-    def resumed_and_logging():
-        return max((m.step for m in c.get_metric_history(run.info.run_id, "train/loss")), default=0) >= 40
-
-    until(resumed_and_logging, b, timeout=240, what="the resumed run to log step 40")
+    # machine B: an empty directory, resume=auto; it holds at step 40
+    b = cli("tests.fault_run", ["hold@40", *args, "resume=auto"], tmp_path / "B", fault_env)
+    held = [tmp_path / "B" / "held", tmp_path / "E" / "held"]
+    until(lambda: held[1].exists(), e, timeout=240, what="the bounded run to reach step 20")
+    until(lambda: held[0].exists(), b, timeout=240, what="the resumed run to reach step 40")
+    (e_run,) = only_run(c, "outage")
     assert c.get_run(run.info.run_id).info.status == "RUNNING"
     t_stop = time.monotonic()
     server.stop()
-    time.sleep(5)
-    server.start()  # a real restart: ~20 s more of outage on a busy machine
+    for f in held:
+        f.unlink()  # both train on into the outage
+
+    out_e = finish(e, timeout=180)
+    ended = time.monotonic() - t_stop
+    time.sleep(max(0.0, 5 - ended))
+    server.start()  # a real restart: ~10-20 s more of outage for B on a busy machine
     outage = time.monotonic() - t_stop
+    assert e.returncode == 2 and "Traceback" not in out_e, out_e[-4000:]
+    (line,) = [ln for ln in out_e.splitlines() if ln.startswith("error: ")]
+    assert line.startswith(f"error: tracking.uri={server.url}: no answer for "), line
+    assert "(tracking.max_outage_s=5;" in line and "checkpoint is kept" in line and "resume=auto" in line
+    assert ended < 5 + 5 + 30, ended  # the bound, terminate()'s min(30 s, max_outage_s), slack for a busy machine
+    assert list((tmp_path / "E" / "checkpoints").rglob("last.ckpt"))
+    assert c.get_run(e_run.info.run_id).info.status == "RUNNING"
+    f = cli("ablations.run", [*e_args, "resume=auto"], tmp_path / "E", env)  # the same machine, its checkpoint
+
     out_b = finish(b)
     assert b.returncode == 0, out_b[-4000:]
     assert "resumed from step 25 (checkpoint checkpoints/" in out_b and f"of run {run.info.run_id})" in out_b
-
     (after,) = only_run(c, "resume")
     assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
     assert after.data.tags["resumed_from_step"] == "25"
@@ -213,6 +244,14 @@ def test_killed_run_resumes_elsewhere_through_a_server_outage(server, tmp_path, 
         assert evaluate([f"run_id={run.info.run_id}", f"tracking.uri={server.url}", "eval.contexts=[32]",
                          "threads=1"]) == 0
     assert [m.step for m in c.get_metric_history(run.info.run_id, "eval/nonoverlap/bpb")] == [32]
+
+    out_f = finish(f)
+    assert f.returncode == 0, out_f[-4000:]
+    (e_after,) = only_run(c, "outage")
+    assert e_after.info.run_id == e_run.info.run_id and e_after.info.status == "FINISHED"
+    e_loss = [m.step for m in sorted(c.get_metric_history(e_run.info.run_id, "train/loss"),
+                                     key=lambda m: (m.timestamp, m.step))]
+    assert e_loss == list(range(e_every, e_steps + 1, e_every))  # none lost in the outage, none logged twice
 
 
 def _sweep_processes(root: psutil.Process) -> list[psutil.Process]:
@@ -286,45 +325,3 @@ def test_submitit_local_multirun_lands_one_finished_run_per_job(server, tmp_path
     # each job ran in its own process (submitit's local executor), not inside the launching one
     logs = list((tmp_path / "multirun").glob("multirun/*/*/.submitit/*/*_log.out"))
     assert len(logs) == 2 and all("[ablations] done:" in f.read_text() for f in logs)
-
-
-
-def test_an_outage_past_max_outage_s_ends_the_run_in_one_line_and_resume_continues_it(server, tmp_path,
-                                                                                     shakespeare_path):
-    """Issue 27 item 8 against the real server: stopped mid-run for longer than tracking.max_outage_s=5, the run
-    ends with one line (exit 2, no traceback) within the bound plus terminate()'s min(30 s, 5 s), its checkpoint kept, left
-    RUNNING (the server is still down when it ends); started again, `resume=auto` continues the same run to
-    FINISHED, each logged step once. The FAILED case (the store back within terminate()'s window) is
-    tests/test_tracking_faults.py's."""
-    env, c, steps, every = env_for(tmp_path), MlflowClient(server.url), 60, 2
-    args = tiny(shakespeare_path, **{"tracking.uri": server.url, "tracking.experiment": "outage",
-                                     "trainer.max_steps": steps, "trainer.log_every_n_steps": every,
-                                     "checkpoint.every_n_steps": 10, "tracking.max_outage_s": 5})
-    a = cli("ablations.run", args, tmp_path / "A", env)
-
-    def training_past_step_20():
-        runs = only_run(c, "outage")
-        hist = c.get_metric_history(runs[0].info.run_id, "train/loss") if runs else []
-        return max((m.step for m in hist), default=0) >= 20 and runs[0].info.run_id
-
-    run_id = until(training_past_step_20, a, timeout=240, what="the run to log step 20")
-    t_stop = time.monotonic()
-    server.stop()
-    out = finish(a, timeout=180)
-    ended = time.monotonic() - t_stop
-    server.start()
-    assert a.returncode == 2 and "Traceback" not in out, out[-4000:]
-    (line,) = [ln for ln in out.splitlines() if ln.startswith("error: ")]
-    assert line.startswith(f"error: tracking.uri={server.url}: no answer for "), line
-    assert "(tracking.max_outage_s=5;" in line and "checkpoint is kept" in line and "resume=auto" in line
-    assert ended < 5 + 5 + 30, ended  # the bound, terminate()'s min(30 s, max_outage_s), slack for a busy machine
-    assert list((tmp_path / "A" / "checkpoints").rglob("last.ckpt"))
-    assert c.get_run(run_id).info.status == "RUNNING"
-
-    b = cli("ablations.run", [*args, "resume=auto"], tmp_path / "A", env)  # the same machine, its checkpoint
-    out_b = finish(b)
-    assert b.returncode == 0, out_b[-4000:]
-    (after,) = only_run(c, "outage")
-    assert after.info.run_id == run_id and after.info.status == "FINISHED"
-    loss = [m.step for m in sorted(c.get_metric_history(run_id, "train/loss"), key=lambda m: (m.timestamp, m.step))]
-    assert loss == list(range(every, steps + 1, every))  # none lost in the outage, none logged twice
