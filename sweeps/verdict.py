@@ -204,9 +204,11 @@ class Verdict:
                     cfg = compose_run(overrides)
                 except (HydraException, OmegaConfBaseException) as e:
                     raise VerdictError(f"config error for arm {arm.name} size {size.name}: {_short(e)}") from None
-                if self._finished(cfg, tags, seed):
+                earlier = self._earlier_runs(cfg, tags, seed)
+                if any(r.info.status == "FINISHED" for r in earlier):
                     finished += 1
                     continue
+                self._end_abandoned(cfg, [r for r in earlier if r.info.status == "RUNNING"])
                 self.say(f"size {size.name} arm {arm.name}: seed {seed} at lr {lr:g}")
                 try:
                     _with_tags(self.train_fn, tags)(cfg)
@@ -230,19 +232,30 @@ class Verdict:
             out[c] = out.get(c, 0) + 1
         return out
 
-    def _finished(self, cfg, tags: Mapping[str, str], seed: int) -> bool:
-        """Whether this (protocol, arm, size, seeds stage, seed) already has a FINISHED run in MLflow."""
+    def _earlier_runs(self, cfg, tags: Mapping[str, str], seed: int) -> list:
+        """This (protocol, arm, size, seeds stage, seed)'s runs already in MLflow, any status."""
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=tracking_uri(cfg))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
-            return False
+            return []
         keys = ("verdict.protocol", "verdict.arm", "verdict.size", "verdict.stage")
         filt = " and ".join(f"tags.`{k}` = '{tags[k]}'" for k in keys)
-        runs = client.search_runs([exp.experiment_id], f"{filt} and tags.seed = '{seed}' and "
-                                                       f"attributes.status = 'FINISHED'", max_results=1)
-        return bool(runs)
+        return client.search_runs([exp.experiment_id], f"{filt} and tags.seed = '{seed}'", max_results=100)
+
+    def _end_abandoned(self, cfg, running: list) -> None:
+        """End as KILLED the RUNNING runs of a seed this worker is about to run: each seed belongs to one worker
+        (ProtocolSpec.my_seeds), so such a run is an earlier attempt whose process died (kill -9, a machine or
+        session that ended) without closing it; its re-run replaces it and no run stays RUNNING."""
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri(cfg))
+        for r in running:
+            client.set_tag(r.info.run_id, "failure_reason", "abandoned: its process ended without closing the run; "
+                                                             "the protocol re-ran this seed")
+            client.set_terminated(r.info.run_id, status="KILLED")
+            self.say(f"ended abandoned run {r.info.run_id} (RUNNING, its process gone) as KILLED")
 
 
 def main(argv: list[str] | None = None, train_fn=None, conf_dir: Path | None = None) -> int:

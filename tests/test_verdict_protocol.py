@@ -64,15 +64,18 @@ def protocol(tmp_path_factory, shakespeare_path):
     cwd = tmp_path_factory.mktemp("verdict") / "job"
     first = verdict_here(cwd, verdict_args(cwd, shakespeare_path))
     assert first.returncode == 0, first.stderr[-3000:] + first.stdout[-3000:]
-    _, runs_after_first = _runs(cwd)
+    c, runs_after_first = _runs(cwd)
+    # one seeds run as a worker killed mid-run leaves it (kill -9, a session that ended): RUNNING, never closed
+    abandoned = next(r for r in runs_after_first if r.data.tags["verdict.stage"] == "seeds"
+                     and (r.data.tags["verdict.size"], r.data.tags["verdict.arm"], r.data.tags["seed"]) == ("c", "rope", "2"))
+    c.update_run(abandoned.info.run_id, status="RUNNING")
     again = verdict_here(cwd, verdict_args(cwd, shakespeare_path))
-    return cwd, first, again, runs_after_first
+    return cwd, first, again, runs_after_first, abandoned.info.run_id
 
 
 @pytest.mark.slow
 def test_every_stage_ran_and_is_tagged(protocol):
-    cwd, first, _, _ = protocol
-    c, runs = _runs(cwd)
+    _, first, _, runs, _ = protocol  # the runs as the first invocation left them
     assert all(r.info.status == "FINISHED" for r in runs)
     by = {}
     for r in runs:
@@ -99,7 +102,7 @@ def test_every_stage_ran_and_is_tagged(protocol):
 
 @pytest.mark.slow
 def test_steps_follow_each_runs_compute_budget(protocol):
-    cwd, _, _, _ = protocol
+    cwd, *_ = protocol
     _, runs = _runs(cwd)
     steps = {}
     for r in runs:
@@ -116,7 +119,7 @@ def test_steps_follow_each_runs_compute_budget(protocol):
 
 @pytest.mark.slow
 def test_optuna_studies_hold_the_lr_stages(protocol):
-    cwd, _, _, _ = protocol
+    cwd, *_ = protocol
     storage = f"sqlite:///{cwd}/optuna.db"
     names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage))
     assert names == sorted(f"tinyverdict.{s}.{a}.lr" for s in "abc" for a in ("learned", "rope"))
@@ -127,11 +130,18 @@ def test_optuna_studies_hold_the_lr_stages(protocol):
 
 
 @pytest.mark.slow
-def test_rerun_continues_without_repeating(protocol):
-    cwd, _, again, before = protocol
+def test_rerun_continues_without_repeating_and_reruns_an_abandoned_seed(protocol):
+    cwd, _, again, before, abandoned = protocol
     assert again.returncode == 0, again.stderr[-3000:]
-    _, after = _runs(cwd)
-    assert sorted(r.info.run_id for r in after) == sorted(r.info.run_id for r in before)
+    c, after = _runs(cwd)
+    new = [r for r in after if r.info.run_id not in {b.info.run_id for b in before}]
+    # the finished runs are not repeated; the abandoned seed is run once more and its old run no longer RUNNING
+    assert [(r.data.tags["verdict.size"], r.data.tags["verdict.arm"], r.data.tags["seed"], r.info.status)
+            for r in new] == [("c", "rope", "2", "FINISHED")]
+    old = c.get_run(abandoned)
+    assert old.info.status == "KILLED" and old.data.tags["failure_reason"].startswith("abandoned")
+    assert f"ended abandoned run {abandoned}" in again.stdout
+    assert not [r for r in after if r.info.status == "RUNNING"]
 
 
 BAD_PROTOCOLS = [
