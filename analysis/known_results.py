@@ -37,6 +37,10 @@ CSV = "known_results.csv"
 KV_FIGURE, LR_FIGURE = "quality_vs_kv_cache", "lr_sensitivity"
 KV_ARMS = ("baseline", "gqa", "mqa")  # the attention rows' figure: quality against KV-cache bytes per token
 UNDECIDED = "undecided"
+# "Trained models" (issue 26): the bar a study's models must clear before their verdicts say anything about
+# architectures: the baseline below the 4-gram floor, every arm this far below the trigram floor, at most this many
+# passes over the train split
+BASELINE_BEATS_ORDER, BELOW_TRIGRAM, MAX_EPOCHS = 4, 0.2, 4.0
 
 
 def agreement(expected: str, verdict: str) -> str:
@@ -271,8 +275,65 @@ def lr_sensitivity_section(ctx: Context) -> list:
             ("table", ["arm", *[f"lr {lr_text(v)}" for v in grid], "lrs within m of the best"], rows)]
 
 
+def trained_frame(ctx: Context) -> pd.DataFrame:
+    """Per arm at the largest size (seeds stage): mean val bpb, its distance to the trigram and the 4-gram floors,
+    and the epochs its runs saw (tokens_seen over the floor's train-split size), min and max over every run of the
+    arm (both stages)."""
+    from analysis.floor import TRIGRAM
+
+    fl, p = ctx.floor, ctx.protocol
+    n_train = float(fl.n_train) if fl is not None and str(fl.n_train).isdigit() else math.nan
+    s = p.seeds[p.seeds["verdict.size"] == p.sizes[-1]]
+    runs = pd.concat([p.seeds, p.lr], ignore_index=True)
+    rows = []
+    for arm in p.arms:
+        v = s.loc[s["verdict.arm"] == arm, VERDICT_METRIC].astype(float)
+        if not len(v):
+            continue
+        epochs = runs.loc[runs["verdict.arm"] == arm, "tokens_seen"].astype(float) / n_train
+        mean = float(v.mean())
+        rows.append({"arm": arm, "mean": mean, "n": len(v),
+                     "vs_trigram": mean - fl.bpb.get(TRIGRAM, math.nan) if fl else math.nan,
+                     "vs_4gram": mean - fl.bpb.get(BASELINE_BEATS_ORDER, math.nan) if fl else math.nan,
+                     "epochs_min": float(epochs.min()), "epochs_max": float(epochs.max())})
+    return pd.DataFrame(rows, columns=["arm", "mean", "n", "vs_trigram", "vs_4gram", "epochs_min", "epochs_max"])
+
+
+@section("known.trained")
+def trained_section(ctx: Context) -> list:
+    """Whether the models are trained enough for their verdicts to be about architectures (issue 26's bar)."""
+    frame = ctx.once(trained_frame)
+    if not len(frame):
+        return []
+    b: list = [("h2", "Trained models")]
+    if ctx.floor is None:
+        return b + [("p", "No n-gram floor is recorded for these runs' data: the bar below cannot be checked (see "
+                          "[n-gram floor](#n-gram-floor)).")]
+    base = frame[frame["arm"] == ctx.baseline]
+    deep = frame["vs_trigram"] <= -BELOW_TRIGRAM
+    lo, hi = frame["epochs_min"].min(), frame["epochs_max"].max()
+    sentences = []
+    if len(base):
+        r = base.iloc[0]
+        sentences.append(f"the baseline (`{r.arm}`, {fixed(r['mean'])}) is "
+                         f"{'below' if r.vs_4gram < 0 else '**not below**'} the {BASELINE_BEATS_ORDER}-gram floor "
+                         f"({signed(r.vs_4gram)})")
+    sentences.append(f"{int(deep.sum())} of {len(frame)} arms are at least {BELOW_TRIGRAM:g} bpb below the trigram "
+                     "floor" + ("" if deep.all() else " (not: " + ", ".join(f"`{a}`" for a in frame.loc[~deep, "arm"])
+                                + ")"))
+    if np.isfinite(lo):
+        sentences.append(f"every run saw {lo:.2f}-{hi:.2f} epochs of the train split ({int(float(ctx.floor.n_train)):,} "
+                         f"tokens), {'within' if hi <= MAX_EPOCHS else '**more than**'} {MAX_EPOCHS:g}")
+    b.append(("p", "The bar a model must clear before its verdict says something about architectures, not about "
+                   f"how fast it picks up local statistics: at the largest size, {'; '.join(sentences)}."))
+    rows = [[f"`{r.arm}`", fixed(r.mean), str(r.n), signed(r.vs_trigram), signed(r.vs_4gram),
+             f"{r.epochs_min:.2f}-{r.epochs_max:.2f}"] for r in frame.itertuples()]
+    return b + [("table", ["arm", "mean val bpb", "seeds", "Δ vs trigram floor",
+                           f"Δ vs {BASELINE_BEATS_ORDER}-gram floor", "epochs (min-max, every run)"], rows)]
+
+
 KNOWN_RESULTS = Kind("known-results", load_known, lambda ctx: f"Known results: {ctx.protocol.name}",
-                     ("known.head", "forest", "known.findings", "known.kv_cache", "known.lr_sensitivity",
+                     ("known.head", "forest", "known.findings", "known.trained", "known.kv_cache", "known.lr_sensitivity",
                       "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "protocol.throughput", "paired",
                       "protocol.provenance", "regenerate"),
                      summary=protocol.protocol_summary, exit_code=protocol.PROTOCOL.exit_code,

@@ -45,6 +45,10 @@ MARGIN = 0.02
 EXPECTED = {"rope": "agree", "rmsnorm": "agree", "swiglu": "agree", "geglu": "disagree", "gqa": "undecided",
             "mqa": "agree", "qknorm": "agree", "qknorm-lr": "agree", "alibi": "agree"}
 T0 = 1_700_000_000_000
+# the n-gram floor of the same data (sweeps.floor's record): trigram 2.55, so an arm is "trained" (>= 0.2 below it)
+# at a mean <= 2.35: every arm but geglu (2.4025); the baseline (2.303) is below the 4-gram's 2.31
+FLOOR = {2: 2.9, 3: 2.55, 4: 2.31, 5: 2.2}
+N_TRAIN = 1_000_000  # train-split tokens; every run saw tokens_seen 2,048,000: 2.048 epochs
 
 
 def make_store(uri: str) -> None:
@@ -79,6 +83,11 @@ def make_store(uri: str) -> None:
         for seed, bpb in zip((1, 2, 3, 4), BPB[arm]):
             run(base | {"verdict.stage": "seeds", "seed": str(seed), "verdict.lr": "0.006",
                         "variant": f"m {arm} optim.lr=0.006"}, 0.006, seed, bpb, arm)
+    from sweeps.floor import log_floor
+
+    log_floor(uri, FLOOR, {"kind": "ngram", "smoothing": "modified-kn", "data": "shakespeare", "tokenizer": "char",
+                           "scope": "windows", "block_size": 64, "val_windows": 8, "n_train": N_TRAIN,
+                           "n_targets": 512, "data_fingerprint": "fp"})
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +168,19 @@ def test_mup_row_reads_the_committed_hypothesis_page(built):
     expected = "disagree" if "failed" in verdicts else "agree" if verdicts == {"held"} else "undecided"
     assert rows.loc["mup", "agreement"] == expected
     assert "480-steps" in rows.loc["mup", "our_setting"]
+
+
+def test_trained_models_against_the_floor_and_epochs(built):
+    out, _ = built
+    md = (out / "index.md").read_text()
+    section = md.split("## Trained models")[1].split("\n## ")[0]
+    means = {arm: float(np.mean(v)) for arm, v in BPB.items()}
+    assert (f"the baseline (`baseline`, {means['baseline']:.4f}) is below the 4-gram floor "
+            f"(−{FLOOR[4] - means['baseline']:.4f})") in section
+    assert "7 of 8 arms are at least 0.2 bpb below the trigram floor (not: `geglu`)" in section
+    assert f"every run saw {2_048_000 / N_TRAIN:.2f}-{2_048_000 / N_TRAIN:.2f} epochs of the train split (1,000,000 tokens), within 4" in section
+    row = next(ln for ln in section.splitlines() if ln.startswith("| `rope` |"))
+    assert f"| −{FLOOR[3] - means['rope']:.4f} | −{FLOOR[4] - means['rope']:.4f} |" in row
 
 
 def test_paired_delta_and_correlation_beside_welch(built):
