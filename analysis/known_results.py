@@ -41,6 +41,8 @@ UNDECIDED = "undecided"
 # architectures: the baseline below the 4-gram floor, every arm this far below the trigram floor, at most this many
 # passes over the train split
 BASELINE_BEATS_ORDER, BELOW_TRIGRAM, MAX_EPOCHS = 4, 0.2, 4.0
+# what an undecided comparison would take: sweeps.plan's power at its defaults, seeds per arm up to this many
+PLAN_POWER, PLAN_ALPHA, PLAN_MAX_SEEDS = 0.8, 0.05, 500
 
 
 def agreement(expected: str, verdict: str) -> str:
@@ -332,8 +334,66 @@ def trained_section(ctx: Context) -> list:
                            f"Δ vs {BASELINE_BEATS_ORDER}-gram floor", "epochs (min-max, every run)"], rows)]
 
 
+def undecided_frame(ctx: Context) -> pd.DataFrame:
+    """Per inconclusive comparison: the seeds per arm (the baseline the same) that sweeps.plan's power functions
+    say would decide it with probability PLAN_POWER, if the true difference were the observed one: to detect it
+    (two-sided Welch at alpha / m, m its Holm family's size), and, when it lies inside the margin, to show
+    equivalence within ±m (TOST at alpha / m); at the observed seed sds and at their 80% upper bounds."""
+    from analysis.verdict import INCONCLUSIVE
+    from sweeps.plan import power_difference, power_tost, sd_upper, seeds_needed
+
+    t, margin = ctx.table, ctx.margin.value
+    base = t[t["verdict"] == "baseline"].set_index("size")
+    rows = []
+    for r in t[t["verdict"] == INCONCLUSIVE].itertuples():
+        b = base.loc[r.size]
+        alpha = PLAN_ALPHA / max(1, int(r.holm_family_size))
+        delta = abs(float(r.delta))
+        out = {"size": r.size, "arm": r.arm, "delta": float(r.delta), "sd": float(r.std), "sd_base": float(b["std"]),
+               "n": int(r.n_seeds), "n_base": int(b["n_seeds"]), "m": int(r.holm_family_size)}
+        for at, sd_a, sd_b in (("estimate", out["sd"], out["sd_base"]),
+                               ("upper", sd_upper(out["sd"], out["n"] - 1), sd_upper(out["sd_base"], out["n_base"] - 1))):
+            detect = seeds_needed(lambda n: power_difference(delta, sd_a, sd_b, n, n, alpha), PLAN_POWER,
+                                  PLAN_MAX_SEEDS) if delta > 0 else None
+            equiv = seeds_needed(lambda n: power_tost(delta, margin, sd_a, sd_b, n, n, alpha), PLAN_POWER,
+                                 PLAN_MAX_SEEDS) if np.isfinite(margin) and delta < margin else None
+            out |= {f"detect_{at}": detect, f"equivalence_{at}": equiv}
+        rows.append(out)
+    return pd.DataFrame(rows, columns=["size", "arm", "delta", "sd", "sd_base", "n", "n_base", "m", "detect_estimate",
+                                       "equivalence_estimate", "detect_upper", "equivalence_upper"])
+
+
+@section("known.undecided")
+def undecided_section(ctx: Context) -> list:
+    frame = ctx.once(undecided_frame)
+    if not len(frame):
+        return []
+    margin = ctx.margin.value
+
+    def n(v, applies: bool) -> str:
+        if not applies:
+            return "n/a"
+        return f"more than {PLAN_MAX_SEEDS}" if v is None or (isinstance(v, float) and not np.isfinite(v)) else str(int(v))
+
+    rows = []
+    for r in frame.itertuples():
+        inside = np.isfinite(margin) and abs(r.delta) < margin
+        rows.append([f"`{r.arm}` at `{r.size}`", signed(r.delta), f"{fixed(r.sd)} ({r.n}) / {fixed(r.sd_base)} ({r.n_base})",
+                     str(r.m), n(r.detect_estimate, r.delta != 0), n(r.detect_upper, r.delta != 0),
+                     n(r.equivalence_estimate, inside), n(r.equivalence_upper, inside)])
+    return [("h2", "What the undecided comparisons would take"),
+            ("p", f"For each inconclusive comparison, the seeds per arm (the baseline the same) that would decide it "
+                  f"with probability {PLAN_POWER:g} if the true difference were the observed Δ, by `sweeps.plan`'s "
+                  f"power functions: to detect it (two-sided Welch test at {PLAN_ALPHA:g}/m, m the size of its Holm "
+                  "family: Holm's first step) and, when Δ lies inside the margin, to show equivalence within ±m "
+                  f"(TOST at {PLAN_ALPHA:g}/m); at this study's seed sds and at their 80% upper confidence bounds. "
+                  "A planning figure, not a result: the observed Δ of an inconclusive comparison is itself uncertain."),
+            ("table", ["comparison", "Δ (observed)", "sd arm (n) / baseline (n)", "m", "seeds to detect Δ",
+                       "(sd upper)", "seeds for equivalence", "(sd upper)"], rows)]
+
+
 KNOWN_RESULTS = Kind("known-results", load_known, lambda ctx: f"Known results: {ctx.protocol.name}",
-                     ("known.head", "forest", "known.findings", "known.trained", "known.kv_cache", "known.lr_sensitivity",
+                     ("known.head", "forest", "known.findings", "known.undecided", "known.trained", "known.kv_cache", "known.lr_sensitivity",
                       "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "protocol.throughput", "paired",
                       "protocol.provenance", "regenerate"),
                      summary=protocol.protocol_summary, exit_code=protocol.PROTOCOL.exit_code,

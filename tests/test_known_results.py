@@ -183,6 +183,24 @@ def test_trained_models_against_the_floor_and_epochs(built):
     assert f"| −{FLOOR[3] - means['rope']:.4f} | −{FLOOR[4] - means['rope']:.4f} |" in row
 
 
+def test_undecided_rows_print_what_the_planner_says_they_would_take(built):
+    # gqa is the one inconclusive comparison: its seeds to detect the observed Δ and to show equivalence, from the
+    # planted values through sweeps.plan's power functions (their own known answers: tests/test_plan.py)
+    from sweeps.plan import power_difference, power_tost, seeds_needed
+
+    out, _ = built
+    section = (out / "index.md").read_text().split("## What the undecided comparisons would take")[1].split("\n## ")[0]
+    (row,) = [ln for ln in section.splitlines() if ln.startswith("| `")]
+    a, b = np.array(BPB["gqa"]), np.array(BPB["baseline"])
+    delta, sa, sb, alpha = abs(a.mean() - b.mean()), a.std(ddof=1), b.std(ddof=1), 0.05 / 7  # seven comparisons
+    equiv = seeds_needed(lambda n: power_tost(delta, MARGIN, sa, sb, n, n, alpha), 0.8, 500)
+    assert equiv is not None and power_tost(delta, MARGIN, sa, sb, equiv - 1, equiv - 1, alpha) < 0.8
+    detect = seeds_needed(lambda n: power_difference(delta, sa, sb, n, n, alpha), 0.8, 500)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "`gqa` at `m`" and cells[3] == "7"
+    assert cells[4] == ("more than 500" if detect is None else str(detect)) and cells[6] == str(equiv)
+
+
 def test_paired_delta_and_correlation_beside_welch(built):
     out, _ = built
     v = pd.read_csv(out / "verdicts.csv").set_index("arm")
