@@ -392,9 +392,41 @@ def undecided_section(ctx: Context) -> list:
                        "(sd upper)", "seeds for equivalence", "(sd upper)"], rows)]
 
 
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of [start, end] intervals: the time at least one of them was running."""
+    total, cur_start, cur_end = 0.0, None, None
+    for a, b in sorted(intervals):
+        if cur_end is None or a > cur_end:
+            total += 0.0 if cur_end is None else cur_end - cur_start
+            cur_start, cur_end = a, b
+        else:
+            cur_end = max(cur_end, b)
+    return total + (0.0 if cur_end is None else cur_end - cur_start)
+
+
+@section("known.compute")
+def compute_section(ctx: Context) -> list:
+    """What the study cost: the runs' summed time (each run one process, one thread) and the wall time during which
+    at least one run was running (the study may span sessions: the pauses between them are not counted)."""
+    p = ctx.protocol
+    runs = pd.concat([p.seeds, p.lr], ignore_index=True)
+    t = runs[["start_time", "end_time"]].dropna().astype(float) / 1000.0  # MLflow's ms -> s
+    if not len(t):
+        return []
+    spans = list(zip(t["start_time"], t["end_time"]))
+    run_s, busy = float((t["end_time"] - t["start_time"]).sum()), busy_seconds(spans)
+    elapsed = float(t["end_time"].max() - t["start_time"].min())
+    return [("h2", "Compute"),
+            ("p", f"{len(t)} runs counted (seeds and lr stages): {run_s / 3600:.1f} run-hours (each run one process "
+                  f"of one thread), {busy / 3600:.1f} h of wall time with at least one run going, so on average "
+                  f"{run_s / busy:.2f} runs at once; {elapsed / 3600:.1f} h from the first start to the last end, "
+                  "pauses between sessions included. The runs' own start and end times in MLflow (start-up and "
+                  "the final evaluation included).")]
+
+
 KNOWN_RESULTS = Kind("known-results", load_known, lambda ctx: f"Known results: {ctx.protocol.name}",
                      ("known.head", "forest", "known.findings", "known.undecided", "known.trained", "known.kv_cache", "known.lr_sensitivity",
                       "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "protocol.throughput", "paired",
-                      "protocol.provenance", "regenerate"),
+                      "known.compute", "protocol.provenance", "regenerate"),
                      summary=protocol.protocol_summary, exit_code=protocol.PROTOCOL.exit_code,
                      files=protocol.FILES + (CSV,), figures=protocol.PROTOCOL.figures + (KV_FIGURE, LR_FIGURE))

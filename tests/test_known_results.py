@@ -201,6 +201,22 @@ def test_undecided_rows_print_what_the_planner_says_they_would_take(built):
     assert cells[4] == ("more than 500" if detect is None else str(detect)) and cells[6] == str(equiv)
 
 
+def test_busy_time_is_the_union_of_the_runs_intervals():
+    from analysis.known_results import busy_seconds
+
+    # two overlapping runs (0-10, 5-15: 15 s busy), a pause, one more (20-30), one inside another (22-24)
+    assert busy_seconds([(20, 30), (0, 10), (5, 15), (22, 24)]) == 25
+    assert busy_seconds([]) == 0
+
+
+def test_compute_section_counts_every_run(built):
+    out, _ = built
+    section = (out / "index.md").read_text().split("## Compute")[1].split("\n## ")[0]
+    n = sum(len(v) for v in BPB.values()) + 2 * sum(len(v) for v in LR_STAGE.values())
+    # each planted run lasts 2 s, one after another: no overlap
+    assert f"{n} runs counted (seeds and lr stages)" in section and "on average 1.00 runs at once" in section
+
+
 def test_paired_delta_and_correlation_beside_welch(built):
     out, _ = built
     v = pd.read_csv(out / "verdicts.csv").set_index("arm")
