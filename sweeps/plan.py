@@ -33,7 +33,7 @@ from ablations.compose import CONF_DIR
 from sweeps.protocol import VerdictError, load_spec, protocol_uri
 
 DEFAULTS = {"pilot": None, "pilot_uri": None, "pilot_arm": None, "sd": None, "power": 0.8, "alpha": 0.05, "max_seeds": 30,
-            "goal": "both", "workers": 1, "secondary_seeds": 2, "sd_at": "estimate"}
+            "goal": "both", "workers": 1, "secondary_seeds": 2, "sd_at": "estimate", "min_pilot_seeds": 5}
 GOALS = ("detect", "equivalence", "both")
 SD_UPPER = 0.8  # the one-sided confidence of the seed spread's upper bound
 
@@ -171,8 +171,9 @@ def settings(p, overrides: dict | None = None) -> dict:
     if s["sd_at"] not in ("estimate", "upper"):
         raise ValueError(f"invalid plan sd_at={s['sd_at']!r}: choose estimate (the pilot's sd) or upper (its 80% "
                          "upper confidence bound)")
-    for key in ("max_seeds", "workers", "secondary_seeds"):
-        if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < (2 if key == "max_seeds" else 1):
+    for key in ("max_seeds", "workers", "secondary_seeds", "min_pilot_seeds"):
+        if isinstance(s[key], bool) or not isinstance(s[key], int) or \
+                s[key] < (2 if key in ("max_seeds", "min_pilot_seeds") else 1):
             raise ValueError(f"invalid plan {key}={s[key]!r}: expected a positive integer")
     if not 0 < float(s["power"]) < 1 or not 0 < float(s["alpha"]) < 1:
         raise ValueError(f"invalid plan power={s['power']!r} / alpha={s['alpha']!r}: expected numbers in (0, 1)")
@@ -239,9 +240,22 @@ def plan_seeds(p, overrides: dict | None = None, conf_dir=CONF_DIR) -> dict[str,
         s = settings(p, overrides)
         runs = pilot_frame(s["pilot"], s["pilot_uri"] or protocol_uri(p, conf_dir)) if s["sd"] is None else None
         rows = plan_rows(p, s, runs)
+        if runs is not None:
+            check_pilot_depth(p, rows, s["min_pilot_seeds"])
     except (ValueError, LookupError) as e:
         raise VerdictError(f"seeds: plan: {e}") from None
     return plan_seeds_from_rows(p, s, rows)
+
+
+def check_pilot_depth(p, rows: list[dict], min_seeds: int) -> None:
+    """A protocol's seed counts come from pilot spreads of at least `min_seeds` seeds (df >= min_seeds - 1, pooled
+    or not): the sd of 2 seeds has a 95% interval from 0.45x to 32x its value, so a plan built on it is a guess."""
+    for r in rows:
+        df = min(r["df_arm"], r["df_baseline"])
+        if _is_primary(p, r["arm"], r["size"]) and df < min_seeds - 1:
+            raise ValueError(f"the pilot's seed spread for {r['arm']} at {r['size']} rests on {df + 1} seeds "
+                             f"({r['sd_source']}); plan.min_pilot_seeds={min_seeds}: run a pilot of at least "
+                             f"{min_seeds} seeds, or give plan.sd=S")
 
 
 def _is_primary(p, arm: str, size: str) -> bool:
@@ -249,7 +263,8 @@ def _is_primary(p, arm: str, size: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-OWN_KEYS = ("pilot", "pilot_uri", "pilot_arm", "sd_at", "sd", "power", "alpha", "max_seeds", "goal", "workers")
+OWN_KEYS = ("pilot", "pilot_uri", "pilot_arm", "sd_at", "sd", "power", "alpha", "max_seeds", "goal", "workers",
+            "min_pilot_seeds")
 
 
 def _n(v) -> str:

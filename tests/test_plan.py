@@ -188,8 +188,28 @@ def test_a_pilots_upper_bound_asks_for_more_seeds(pilot_store):
 
     uri, _ = pilot_store
     spec = _spec("study", sd=None)
-    spec.plan = {"pilot": EXPERIMENT, "pilot_uri": uri, "pilot_arm": "rope", "max_seeds": 200}
+    spec.plan = {"pilot": EXPERIMENT, "pilot_uri": uri, "pilot_arm": "rope", "max_seeds": 200, "min_pilot_seeds": 3}
     at_estimate = plan_seeds(spec)
     spec.plan["sd_at"] = "upper"
     at_upper = plan_seeds(spec)
     assert at_upper["m"] > at_estimate["m"], (at_estimate, at_upper)
+
+
+def test_a_protocol_never_plans_its_seeds_from_a_pilot_of_fewer_than_five(pilot_store):
+    # the pilot store has 3 seeds per arm and size: the printed plan may show such a spread, the seed counts a
+    # protocol runs may not come from it (issue 26: "from a committed pilot of >= 5 seeds, never from 2")
+    from test_protocol_report import EXPERIMENT
+
+    from sweeps.protocol import VerdictError
+
+    uri, _ = pilot_store
+    spec = _spec("study", sd=None)
+    spec.plan = {"pilot": EXPERIMENT, "pilot_uri": uri, "pilot_arm": "rope"}
+    with pytest.raises(VerdictError, match=r"seeds: plan: the pilot's seed spread for \w+ at \w+ rests on 3 seeds .*"
+                                           r"plan.min_pilot_seeds=5: run a pilot of at least 5 seeds, or give plan.sd=S"):
+        plan_seeds(spec)
+    spec.plan["min_pilot_seeds"] = 3
+    assert plan_seeds(spec)  # explicitly allowed
+    spec.plan["min_pilot_seeds"] = 1
+    with pytest.raises(VerdictError, match="invalid plan min_pilot_seeds=1"):
+        plan_seeds(spec)
