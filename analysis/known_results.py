@@ -41,7 +41,8 @@ UNDECIDED = "undecided"
 # architectures: the baseline below the 4-gram floor, every arm this far below the trigram floor, at most this many
 # passes over the train split
 BASELINE_BEATS_ORDER, BELOW_TRIGRAM, MAX_EPOCHS = 4, 0.2, 4.0
-# what an undecided comparison would take: sweeps.plan's power at its defaults, seeds per arm up to this many
+# what an undecided comparison would take: the seed planner's power (analysis/power.py) at its defaults, seeds per
+# arm up to this many
 PLAN_POWER, PLAN_ALPHA, PLAN_MAX_SEEDS = 0.8, 0.05, 500
 
 
@@ -324,7 +325,8 @@ def trained_section(ctx: Context) -> list:
                      "floor" + ("" if deep.all() else " (not: " + ", ".join(f"`{a}`" for a in frame.loc[~deep, "arm"])
                                 + ")"))
     if np.isfinite(lo):
-        sentences.append(f"every run saw {lo:.2f}-{hi:.2f} epochs of the train split ({int(float(ctx.floor.n_train)):,} "
+        n_train = int(float(ctx.floor.n_train))
+        sentences.append(f"every run saw {lo:.2f}-{hi:.2f} epochs of the train split ({n_train:,} "
                          f"tokens), {'within' if hi <= MAX_EPOCHS else '**more than**'} {MAX_EPOCHS:g}")
     b.append(("p", "The bar a model must clear before its verdict says something about architectures, not about "
                    f"how fast it picks up local statistics: at the largest size, {'; '.join(sentences)}."))
@@ -335,12 +337,13 @@ def trained_section(ctx: Context) -> list:
 
 
 def undecided_frame(ctx: Context) -> pd.DataFrame:
-    """Per inconclusive comparison: the seeds per arm (the baseline the same) that sweeps.plan's power functions
-    say would decide it with probability PLAN_POWER, if the true difference were the observed one: to detect it
-    (two-sided Welch at alpha / m, m its Holm family's size), and, when it lies inside the margin, to show
-    equivalence within ±m (TOST at alpha / m); at the observed seed sds and at their 80% upper bounds."""
+    """Per inconclusive comparison: the seeds per arm (the baseline the same) that the seed planner's power functions
+    (analysis/power.py) say would decide it with probability PLAN_POWER if the true difference were the observed
+    one: to detect it (two-sided Welch at alpha / m, m its Holm family's size), and, when it lies inside the
+    margin, to show equivalence within ±m (TOST at alpha / m); at the observed seed sds and at their 80% upper
+    bounds."""
     from analysis.verdict import INCONCLUSIVE
-    from sweeps.plan import power_difference, power_tost, sd_upper, seeds_needed
+    from analysis.power import power_difference, power_tost, sd_upper, seeds_needed
 
     t, margin = ctx.table, ctx.margin.value
     base = t[t["verdict"] == "baseline"].set_index("size")
@@ -351,8 +354,8 @@ def undecided_frame(ctx: Context) -> pd.DataFrame:
         delta = abs(float(r.delta))
         out = {"size": r.size, "arm": r.arm, "delta": float(r.delta), "sd": float(r.std), "sd_base": float(b["std"]),
                "n": int(r.n_seeds), "n_base": int(b["n_seeds"]), "m": int(r.holm_family_size)}
-        for at, sd_a, sd_b in (("estimate", out["sd"], out["sd_base"]),
-                               ("upper", sd_upper(out["sd"], out["n"] - 1), sd_upper(out["sd_base"], out["n_base"] - 1))):
+        upper = (sd_upper(out["sd"], out["n"] - 1), sd_upper(out["sd_base"], out["n_base"] - 1))
+        for at, sd_a, sd_b in (("estimate", out["sd"], out["sd_base"]), ("upper", *upper)):
             detect = seeds_needed(lambda n: power_difference(delta, sd_a, sd_b, n, n, alpha), PLAN_POWER,
                                   PLAN_MAX_SEEDS) if delta > 0 else None
             equiv = seeds_needed(lambda n: power_tost(delta, margin, sd_a, sd_b, n, n, alpha), PLAN_POWER,
@@ -373,21 +376,24 @@ def undecided_section(ctx: Context) -> list:
     def n(v, applies: bool) -> str:
         if not applies:
             return "n/a"
-        return f"more than {PLAN_MAX_SEEDS}" if v is None or (isinstance(v, float) and not np.isfinite(v)) else str(int(v))
+        missing = v is None or (isinstance(v, float) and not np.isfinite(v))
+        return f"more than {PLAN_MAX_SEEDS}" if missing else str(int(v))
 
     rows = []
     for r in frame.itertuples():
         inside = np.isfinite(margin) and abs(r.delta) < margin
-        rows.append([f"`{r.arm}` at `{r.size}`", signed(r.delta), f"{fixed(r.sd)} ({r.n}) / {fixed(r.sd_base)} ({r.n_base})",
+        spreads = f"{fixed(r.sd)} ({r.n}) / {fixed(r.sd_base)} ({r.n_base})"
+        rows.append([f"`{r.arm}` at `{r.size}`", signed(r.delta), spreads,
                      str(r.m), n(r.detect_estimate, r.delta != 0), n(r.detect_upper, r.delta != 0),
                      n(r.equivalence_estimate, inside), n(r.equivalence_upper, inside)])
     return [("h2", "What the undecided comparisons would take"),
             ("p", f"For each inconclusive comparison, the seeds per arm (the baseline the same) that would decide it "
-                  f"with probability {PLAN_POWER:g} if the true difference were the observed Δ, by `sweeps.plan`'s "
+                  f"with probability {PLAN_POWER:g} if the true difference were the observed Δ, by the seed planner's "
                   f"power functions: to detect it (two-sided Welch test at {PLAN_ALPHA:g}/m, m the size of its Holm "
                   "family: Holm's first step) and, when Δ lies inside the margin, to show equivalence within ±m "
                   f"(TOST at {PLAN_ALPHA:g}/m); at this study's seed sds and at their 80% upper confidence bounds. "
-                  "A planning figure, not a result: the observed Δ of an inconclusive comparison is itself uncertain."),
+                  "A planning figure, not a result: the observed Δ of an inconclusive comparison is itself "
+                  "uncertain."),
             ("table", ["comparison", "Δ (observed)", "sd arm (n) / baseline (n)", "m", "seeds to detect Δ",
                        "(sd upper)", "seeds for equivalence", "(sd upper)"], rows)]
 
@@ -425,8 +431,9 @@ def compute_section(ctx: Context) -> list:
 
 
 KNOWN_RESULTS = Kind("known-results", load_known, lambda ctx: f"Known results: {ctx.protocol.name}",
-                     ("known.head", "forest", "known.findings", "known.undecided", "known.trained", "known.kv_cache", "known.lr_sensitivity",
-                      "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "protocol.throughput", "paired",
+                     ("known.head", "forest", "known.findings", "known.undecided", "known.trained", "known.kv_cache",
+                      "known.lr_sensitivity", "protocol.intro", "protocol.verdicts", "floor", "protocol.lr",
+                      "protocol.throughput", "paired",
                       "known.compute", "protocol.provenance", "regenerate"),
                      summary=protocol.protocol_summary, exit_code=protocol.PROTOCOL.exit_code,
                      files=protocol.FILES + (CSV,), figures=protocol.PROTOCOL.figures + (KV_FIGURE, LR_FIGURE))

@@ -5,8 +5,8 @@
     train(cfg, callbacks=[PruneAt(3)])     # optuna.TrialPruned after step 3, as a pruned sweep trial raises it
     train(cfg, callbacks=[HoldAt(20)])     # after step 20 the run waits until the test removes the file `held`
 
-For a test that runs the command line, `python -m tests.fault_run kill@7 [overrides]` (or `hold@20`) is `python -m ablations.run`
-with such a callback (the product has no fault hook of its own)."""
+For a test that runs the command line, `python -m tests.fault_run kill@7 [overrides]` (or hold@20) is
+`python -m ablations.run` with such a callback (the product has no fault hook of its own)."""
 from __future__ import annotations
 
 import os

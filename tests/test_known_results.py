@@ -178,15 +178,16 @@ def test_trained_models_against_the_floor_and_epochs(built):
     assert (f"the baseline (`baseline`, {means['baseline']:.4f}) is below the 4-gram floor "
             f"(−{FLOOR[4] - means['baseline']:.4f})") in section
     assert "7 of 8 arms are at least 0.2 bpb below the trigram floor (not: `geglu`)" in section
-    assert f"every run saw {2_048_000 / N_TRAIN:.2f}-{2_048_000 / N_TRAIN:.2f} epochs of the train split (1,000,000 tokens), within 4" in section
+    epochs = f"{2_048_000 / N_TRAIN:.2f}"
+    assert f"every run saw {epochs}-{epochs} epochs of the train split (1,000,000 tokens), within 4" in section
     row = next(ln for ln in section.splitlines() if ln.startswith("| `rope` |"))
     assert f"| −{FLOOR[3] - means['rope']:.4f} | −{FLOOR[4] - means['rope']:.4f} |" in row
 
 
 def test_undecided_rows_print_what_the_planner_says_they_would_take(built):
     # gqa is the one inconclusive comparison: its seeds to detect the observed Δ and to show equivalence, from the
-    # planted values through sweeps.plan's power functions (their own known answers: tests/test_plan.py)
-    from sweeps.plan import power_difference, power_tost, seeds_needed
+    # planted values through the planner's power functions (analysis/power.py; their known answers: tests/test_plan.py)
+    from analysis.power import power_difference, power_tost, seeds_needed
 
     out, _ = built
     section = (out / "index.md").read_text().split("## What the undecided comparisons would take")[1].split("\n## ")[0]

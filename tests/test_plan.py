@@ -1,6 +1,7 @@
-"""The seed planner (sweeps/plan.py): its power against Monte Carlo simulation of the very tests the report runs
-(Welch, TOST), against Cohen's (1988) table 2.4.1 of two-sample t-test sample sizes (power 0.80, two-sided
-alpha 0.05: d = 0.5 -> 64, 0.8 -> 26, 1.0 -> 17 per group), the Holm family sizes, the pilot's spreads, the CLI."""
+"""The seed planner (sweeps/plan.py; its power functions: analysis/power.py): its power against Monte Carlo
+simulation of the very tests the report runs (Welch, TOST), against Cohen's (1988) table 2.4.1 of two-sample t-test
+sample sizes (power 0.80, two-sided alpha 0.05: d = 0.5 -> 64, 0.8 -> 26, 1.0 -> 17 per group), the Holm family
+sizes, the pilot's spreads, the CLI."""
 from __future__ import annotations
 
 import math
@@ -10,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.power import power_difference, power_tost, sd_upper, seeds_needed
 from analysis.stats import tost_from_stats
-from sweeps.plan import (family_size, pilot_frame, plan_seeds, power_difference, power_tost, seeds_needed, sd_upper,
-                         spread_of)
+from sweeps.plan import family_size, pilot_frame, plan_seeds, spread_of
 from sweeps.protocol import ProtocolArm, ProtocolSpec, Size
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -206,7 +207,8 @@ def test_a_protocol_never_plans_its_seeds_from_a_pilot_of_fewer_than_five(pilot_
     spec = _spec("study", sd=None)
     spec.plan = {"pilot": EXPERIMENT, "pilot_uri": uri, "pilot_arm": "rope"}
     with pytest.raises(VerdictError, match=r"seeds: plan: the pilot's seed spread for \w+ at \w+ rests on 3 seeds .*"
-                                           r"plan.min_pilot_seeds=5: run a pilot of at least 5 seeds, or give plan.sd=S"):
+                                           r"plan.min_pilot_seeds=5: run a pilot of at least 5 seeds, or give "
+                                           r"plan.sd=S"):
         plan_seeds(spec)
     spec.plan["min_pilot_seeds"] = 3
     assert plan_seeds(spec)  # explicitly allowed

@@ -66,8 +66,10 @@ def protocol(tmp_path_factory, shakespeare_path):
     assert first.returncode == 0, first.stderr[-3000:] + first.stdout[-3000:]
     c, runs_after_first = _runs(cwd)
     # one seeds run as a worker killed mid-run leaves it (kill -9, a session that ended): RUNNING, never closed
-    abandoned = next(r for r in runs_after_first if r.data.tags["verdict.stage"] == "seeds"
-                     and (r.data.tags["verdict.size"], r.data.tags["verdict.arm"], r.data.tags["seed"]) == ("c", "rope", "2"))
+    def key(r):
+        return r.data.tags["verdict.stage"], r.data.tags["verdict.size"], r.data.tags["verdict.arm"], r.data.tags["seed"]
+
+    abandoned = next(r for r in runs_after_first if key(r) == ("seeds", "c", "rope", "2"))
     c.update_run(abandoned.info.run_id, status="RUNNING")
     again = verdict_here(cwd, verdict_args(cwd, shakespeare_path))
     return cwd, first, again, runs_after_first, abandoned.info.run_id
