@@ -140,7 +140,11 @@ def test_lr_sensitivity_counts_the_lrs_within_the_margin(built):
     assert rows.loc["qknorm-lr", "our_delta"] == "2 vs 1 lrs (+1)" and rows.loc["qknorm-lr", "verdict"] == "better"
     md = (out / "index.md").read_text()
     sec = md.split("## lr sensitivity")[1].split("## ")[0]
-    assert "| `qknorm` | 2.3200 | 2.2850 | 2.3000 | 2.4500 | 0.006, 0.012 |" in sec
+    # and Wortsman et al.'s own measure, descriptive: the mean excess over each arm's best over the shared lrs
+    base = (2.40 - 2.31 + 0 + 2.35 - 2.31 + 2.60 - 2.31) / 4
+    qk = (2.32 - 2.285 + 0 + 2.30 - 2.285 + 2.45 - 2.285) / 4
+    assert f"| `qknorm` | 2.3200 | 2.2850 | 2.3000 | 2.4500 | 0.006, 0.012 | {qk:.4f} |" in sec
+    assert f"| `baseline` | 2.4000 | 2.3100 | 2.3500 | 2.6000 | 0.006 | {base:.4f} |" in sec
 
 
 def test_alibi_row_recomputed_from_the_committed_extrapolation_csv(built):
