@@ -303,7 +303,7 @@ def trained_frame(ctx: Context) -> pd.DataFrame:
     fl, p = ctx.floor, ctx.protocol
     n_train = float(fl.n_train) if fl is not None and str(fl.n_train).isdigit() else math.nan
     s = p.seeds[p.seeds["verdict.size"] == p.sizes[-1]]
-    runs = pd.concat([p.seeds, p.lr], ignore_index=True)
+    runs = p.results()
     rows = []
     for arm in p.arms:
         v = s.loc[s["verdict.arm"] == arm, VERDICT_METRIC].astype(float)
@@ -431,7 +431,7 @@ def compute_section(ctx: Context) -> list:
     """What the study cost: the runs' summed time (each run one process, one thread) and the wall time during which
     at least one run was running (the study may span sessions: the pauses between them are not counted)."""
     p = ctx.protocol
-    runs = pd.concat([p.seeds, p.lr], ignore_index=True)
+    runs = p.results()
     t = runs[["start_time", "end_time"]].dropna().astype(float) / 1000.0  # MLflow's ms -> s
     if not len(t):
         return []

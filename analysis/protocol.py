@@ -88,6 +88,10 @@ class ProtocolRuns:
     primary_sizes: tuple = ()  # () = every size
     paired: bool = False  # a paired test declared before the runs (verdict.paired): arms share each seed's data
 
+    def results(self) -> pd.DataFrame:
+        """Every run that is a result, both stages (seeds first)."""
+        return pd.concat([self.seeds, self.lr], ignore_index=True)
+
 
 def declared(inc: pd.DataFrame) -> dict:
     """The Holm family and primary comparisons the runs recorded (verdict.holm, verdict.primary); the default when
@@ -403,7 +407,7 @@ def intro_section(ctx: Context) -> list:
 
 def _commit_headline(p: ProtocolRuns) -> list:
     """One line at the top: the one commit every result used, or a flag when they span several or ran dirty."""
-    runs = pd.concat([p.seeds, p.lr], ignore_index=True)
+    runs = p.results()
     if not len(runs):
         return []
     commits = sorted(runs["git_commit"].fillna("(not recorded)").astype(str).unique())
@@ -509,7 +513,7 @@ def _tokens_text(r, table: pd.DataFrame) -> str:
 @section("protocol.provenance")
 def provenance_section(ctx: Context) -> list:
     p, rs = ctx.protocol, ctx.runset
-    runs = pd.concat([p.seeds, p.lr], ignore_index=True)
+    runs = p.results()
     ctx.write("runs.csv", runs[[c for c in RUN_COLUMNS if c in runs.columns]].to_csv(index=False, lineterminator="\n"))
     ctx.write("left_out.csv", p.left_out.to_csv(index=False, lineterminator="\n"))
     b: list = [("h2", "Provenance")]
