@@ -113,17 +113,23 @@ def _matches(key: str, prefixes: tuple[str, ...]) -> bool:
     return any(key == p or (p.endswith(".") and key.startswith(p)) for p in prefixes)
 
 
-def _check_honoured(name: str, cfg, base: dict) -> None:
-    """Refuse (one line) an arm that changes a setting the paired step cannot honour."""
+def _check_honoured(name: str, cfg, base: dict, threads: int) -> None:
+    """Refuse (one line) an arm that changes a setting the paired step cannot honour. An arm's `threads` (an
+    experiment may set it) is honoured when it is the process's own thread count (--threads), which every arm
+    shares."""
     arm = _leaves(cfg)
     for key in sorted(set(arm) | set(base), key=lambda k: (k.count("."), k)):  # optim.name before optim.muon.*
+        if key == "threads" and arm.get(key) == threads:
+            continue
         if arm.get(key, "(absent)") != base.get(key, "(absent)") and not _matches(key, HONOURED + NO_STEP_COST):
+            fix = (f"run with --threads {arm[key]}" if key == "threads" and arm.get(key) else
+                   "compare it through ablations.run runs, or drop it from the arm")
             raise PairedError(f"arm {name!r}: {key}={arm.get(key, '(absent)')} changes the training step, and the "
                               "paired step (forward, fp32 cross-entropy, backward, clipping, fused AdamW) cannot "
-                              "honour it; compare it through ablations.run runs, or drop it from the arm")
+                              f"honour it; {fix}")
 
 
-def _compose_arms(model: str, arms: list[tuple[str, list[str]]]):
+def _compose_arms(model: str, arms: list[tuple[str, list[str]]], threads: int):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -138,7 +144,7 @@ def _compose_arms(model: str, arms: list[tuple[str, list[str]]]):
         except (HydraException, OmegaConfBaseException) as exc:
             line = " ".join(str(exc).split()) or type(exc).__name__  # Hydra lists the valid options on more lines
             raise PairedError(f"arm {name!r}: {line}") from None
-        _check_honoured(name, cfg, base)
+        _check_honoured(name, cfg, base, threads)
         out.append((name, overrides, cfg, model_dict(cfg)))
     vocabs = {m["vocab_size"] for _, _, _, m in out}
     if len(vocabs) > 1:
@@ -209,7 +215,7 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
     from ablations.inference_timing import sync
     from modules import accounting
 
-    trainers = _build(_compose_arms(model, arms), device, steps, warmup)
+    trainers = _build(_compose_arms(model, arms, torch.get_num_threads()), device, steps, warmup)
     for *_, s, tr in trainers:  # untimed: first-call allocations, autotuning, the lr warm-up's first steps
         for _ in range(warmup):
             tr.step()

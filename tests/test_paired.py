@@ -47,7 +47,10 @@ def test_parse_arm():
     (["--model", "tiny", "a=", "m=optim=muon"], "arm 'm': optim.name=muon changes the training step"),
     (["--model", "tiny", "a=", "g=trainer.accumulate_grad_batches=2"],
      "arm 'g': trainer.accumulate_grad_batches=2 changes the training step"),
-    (["--model", "tiny", "a=", "t=threads=2"], "arm 't': threads=2 changes the training step"),
+    # an arm's threads is honoured only as the process's own (--threads): another count is refused, with the fix
+    (["--model", "tiny", "--threads", "1", "a=", "t=threads=2"],
+     "arm 't': threads=2 changes the training step, and the paired step (forward, fp32 cross-entropy, backward, "
+     "clipping, fused AdamW) cannot honour it; run with --threads 2"),
     (["--model", "tiny", "a=", "p=trainer.precision=16-mixed"],
      "arm 'p': trainer.precision=16-mixed: the bare training step runs 32-true or bf16-mixed"),
     (["--model", "tiny", "--device", "cpu", "a=", "c=trainer.accelerator=gpu"],
@@ -55,7 +58,13 @@ def test_parse_arm():
     (["--model", "tiny", "a=", "c=tokenizer=char"], "arms differ in vocab_size: [65, 256]"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
-    assert main(argv) == 2
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        assert main(argv) == 2
+    finally:
+        torch.set_num_threads(threads)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ablations.paired: error: ") and needle in err[0], err
 
@@ -97,8 +106,9 @@ def measured(tmp_path_factory):
     import torch
 
     out = tmp_path_factory.mktemp("paired") / "paired.json"
+    # rms also sets threads=1, as an experiment config may: the process's own count (--threads 1), so honoured
     argv = ["--model", "tiny", "--steps", "2", "--rounds", "3", "--threads", "1", "--json", str(out), "base=",
-            "rms=norm=rmsnorm", "gqa=attention=gqa attention.n_kv_head=1", "comp=compile=true"]
+            "rms=norm=rmsnorm threads=1", "gqa=attention=gqa attention.n_kv_head=1", "comp=compile=true"]
     stdout, stderr, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
