@@ -34,9 +34,14 @@ stream() {  # <comma-separated seeds>: every arm at these seeds
 
 if [[ "${1:-}" != "--report" ]]; then
   trap 'compact_store "$store/mlflow.db" "$gz"' EXIT
+  # the store's schema first, in one process: two runs creating a fresh SQLite store at once race on its migrations
+  python -c "import sys; from ablations.tracking import client; client(sys.argv[1]).search_experiments()" "$uri"
   stream 0,1,2 & a=$!
   stream 3,4,5 & b=$!
-  wait $a; wait $b
+  failed=0
+  wait $a || failed=1
+  wait $b || failed=1
+  if ((failed)); then echo "known_results_tokens.sh: a stream failed (see above); rerun to add its runs" >&2; exit 1; fi
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
