@@ -163,10 +163,11 @@ def locate_auto(ckpt_dir: Path, uri: str, tracking_cfg, config_hash: str) -> tup
 def fetch_logged_checkpoint(uri: str, experiment: str, config_hash: str, dest: Path) -> str | None:
     """Download LAST_ARTIFACT of the newest run of `experiment` tagged `config_hash` to `dest` (atomically).
     Returns that run's id, or None when no run of this config logged one."""
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    cl = MlflowClient(tracking_uri=uri)
+    from .tracking import client
+
+    cl = client(uri)
     exp = cl.get_experiment_by_name(experiment)
     if exp is None:
         return None

@@ -117,9 +117,9 @@ class MetricsCallback(pl.Callback):
         from mlflow.exceptions import MlflowException
 
         if self._client is None:
-            from mlflow import MlflowClient
+            from .tracking import client
 
-            self._client = MlflowClient(tracking_uri=self.uri)
+            self._client = client(self.uri)
         t0 = time.perf_counter()
         try:
             for i in range(0, len(self._buffer), 1000):

@@ -4,6 +4,7 @@ Only :class:`mlflow.MlflowClient` is used (no fluent global state), so several t
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -104,9 +105,35 @@ def probe_api(uri: str, timeout: float) -> None:
 
 
 def client(uri: str):
+    """An MlflowClient for `uri`; a SQLite store is opened under a lock (`_sqlite_open_lock`)."""
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    with _sqlite_open_lock(uri) as locked:
+        cl = MlflowClient(tracking_uri=uri)
+        if locked:
+            cl.search_experiments(max_results=1)  # opens the store now, under the lock
+    return cl
+
+
+@contextlib.contextmanager
+def _sqlite_open_lock(uri: str):
+    """MLflow creates a new SQLite store's schema by running its migrations when the client is made, without a
+    lock: two processes opening one new store at once (the workers of a sweep, two streams of a study) both
+    migrate, and all but one die with 'duplicate column name'. Held here: an exclusive lock on DB.lock beside the
+    database (nothing for other stores)."""
+    import fcntl
+
+    path = uri.split(":///", 1)[1] if urlparse(uri).scheme.lower().startswith("sqlite") and ":///" in uri else ""
+    db = Path(path).expanduser()
+    if not path or path == ":memory:" or not db.parent.is_dir():
+        yield False  # nothing on disk to share (check_reachable reports a missing directory in one line)
+        return
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def is_server(uri: str) -> bool:

@@ -289,9 +289,9 @@ class MlflowLinks:
     @property
     def client(self):
         if self._client is None:
-            from mlflow.tracking import MlflowClient
+            from ablations.tracking import client
 
-            self._client = MlflowClient(tracking_uri=self.uri)
+            self._client = client(self.uri)
         return self._client
 
     def check(self) -> None:

@@ -219,9 +219,9 @@ class Verdict:
 
     def _earlier_commits(self) -> dict[str, int]:
         """commit -> number of runs of this protocol already in MLflow (any stage, any status)."""
-        from mlflow.tracking import MlflowClient
+        from ablations.tracking import client as mlflow_client
 
-        client = MlflowClient(tracking_uri=protocol_uri(self.p, self.conf_dir))
+        client = mlflow_client(protocol_uri(self.p, self.conf_dir))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
             return {}
@@ -234,9 +234,9 @@ class Verdict:
 
     def _earlier_runs(self, cfg, tags: Mapping[str, str], seed: int) -> list:
         """This (protocol, arm, size, seeds stage, seed)'s runs already in MLflow, any status."""
-        from mlflow.tracking import MlflowClient
+        from ablations.tracking import client as mlflow_client
 
-        client = MlflowClient(tracking_uri=tracking_uri(cfg))
+        client = mlflow_client(tracking_uri(cfg))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
             return []
@@ -248,9 +248,9 @@ class Verdict:
         """End as KILLED the RUNNING runs of a seed this worker is about to run: each seed belongs to one worker
         (ProtocolSpec.my_seeds), so such a run is an earlier attempt whose process died (kill -9, a machine or
         session that ended) without closing it; its re-run replaces it and no run stays RUNNING."""
-        from mlflow.tracking import MlflowClient
+        from ablations.tracking import client as mlflow_client
 
-        client = MlflowClient(tracking_uri=tracking_uri(cfg))
+        client = mlflow_client(tracking_uri(cfg))
         for r in running:
             client.set_tag(r.info.run_id, "failure_reason", "abandoned: its process ended without closing the run; "
                                                              "the protocol re-ran this seed")

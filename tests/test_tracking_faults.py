@@ -428,3 +428,36 @@ def test_terminate_ends_the_run_failed_when_the_store_comes_back_in_time(monkeyp
     assert [p for p, _ in ok] == ["set-tag", "update"]
     assert ok[0][1]["key"] == "failure_reason" and ok[0][1]["value"] == "the store went away"
     assert ok[1][1]["status"] == "FAILED"
+
+
+# one process per worker opening one new SQLite store at the same instant (a barrier in time): MLflow's first use
+# runs the schema migrations, and without a lock all but one process died with 'duplicate column name: step'
+_OPEN_AT_ONCE = """
+import sys, time
+from ablations.tracking import client  # imports done before the barrier: the opens themselves coincide
+start = float(sys.argv[2])
+waited = time.time() < start
+while time.time() < start:
+    time.sleep(0.001)
+cl = client(sys.argv[1])
+print(waited, len(cl.search_experiments()))
+"""
+
+
+def test_processes_opening_one_new_sqlite_store_at_once_all_succeed(tmp_path):
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    start = time.time() + 6.0  # past every process's imports (~3 s each on 2 loaded cores)
+    procs = [subprocess.Popen([sys.executable, "-c", _OPEN_AT_ONCE, uri, str(start)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in procs]
+    for code, out, err in results:
+        assert code == 0, err[-2000:]
+        # each reached the barrier before its time (else the opens did not coincide), and the store opened with
+        # its Default experiment
+        assert out.split() == ["True", "1"], out
+    # and the store works after: an experiment created through the same path
+    cl = trk.client(uri)
+    assert trk.get_or_create_experiment(cl, uri, "e") == trk.get_or_create_experiment(cl, uri, "e")
