@@ -81,6 +81,21 @@ def run_counts(values) -> list[str]:
     return [f"`{k}`: {n} run{'s' if n != 1 else ''}" for k, n in sorted(counts.items())]
 
 
+def machine_counts(runs, group: str) -> list[str]:
+    """"`machine`: n runs (the `group` values that ran there)" per machine (tag device_name: the GPU, else the CPU
+    model), for provenance lists. The same config and seed on another machine is another trajectory (other kernels
+    round differently), so arms measured on different machines differ by the machine as well."""
+    machines = runs["device_name"].fillna("(not recorded)").astype(str) if "device_name" in runs else None
+    if machines is None or not len(runs):
+        return []
+    out = []
+    for m in sorted(set(machines)):
+        groups = sorted({str(g) for g in runs.loc[machines == m, group]})
+        n = int((machines == m).sum())
+        out.append(f"`{m}`: {n} run{'s' if n != 1 else ''} ({', '.join(groups)})")
+    return out
+
+
 def p_text(p: float) -> str:
     """A p-value: three decimals, "< 0.001" below that, n/a when undefined."""
     return "n/a" if p is None or not np.isfinite(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")

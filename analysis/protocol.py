@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import common, forest, scaling  # noqa: F401  (common, forest: their sections register)
-from analysis.document import (ci_text, fit_param, fixed, identifiability_blocks, margin_text, mean_std,
+from analysis.document import (ci_text, machine_counts, fit_param, fixed, identifiability_blocks, margin_text, mean_std,
                                multiplier_text, p_text, run_counts, sci, signed)
 from analysis.engine import Context, Kind, section
 from analysis.floor import floor_for_runs, headline
@@ -476,9 +476,33 @@ def verdicts_section(ctx: Context) -> list:
             f"`{r['arm']}` at `{r['size']}` ({r['params']:,.0f} vs {r['params_baseline']:,.0f} parameters; "
             + _tokens_text(r, table) + ")" for _, r in differ.iterrows())
             + ". A quality difference mixes the architecture with its size."))
+    b.extend(_machines_blocks(ctx))
     b.extend(_paired_blocks(ctx))
     b.append(("p", "Machine-readable: `verdicts.csv` (every number above, unrounded)."))
     return b
+
+
+def _machines_blocks(ctx: Context) -> list:
+    """Comparisons whose arm's seeds and baseline's seeds ran on different machines (tag device_name): a seed's
+    trajectory is not bit-reproducible across CPUs or GPUs, so the machine is mixed into such a difference."""
+    seeds = ctx.protocol.seeds
+    if "device_name" not in seeds or not len(seeds):
+        return []
+    where = {(str(sz), str(arm)): sorted({str(m) for m in g["device_name"].fillna("(not recorded)")})
+             for (sz, arm), g in seeds.groupby(["verdict.size", "verdict.arm"])}
+    notes = []
+    for _, r in ctx.table.iterrows():
+        if r["verdict"] == "baseline":
+            continue
+        arm, base = where.get((str(r["size"]), str(r["arm"]))), where.get((str(r["size"]), ctx.protocol.baseline))
+        if arm and base and arm != base:
+            notes.append(f"`{r['arm']}` at `{r['size']}` (its seeds on {', '.join(arm)}; the baseline's on "
+                         f"{', '.join(base)})")
+    if not notes:
+        return []
+    return [("p", "**Measured on different machines** (the runs' `device_name`): " + "; ".join(notes) + ". The "
+                  "same config and seed on another machine follows another trajectory (other kernels round "
+                  "differently): such a difference mixes the architecture with the machine.")]
 
 
 def _paired_blocks(ctx: Context) -> list:
@@ -524,6 +548,9 @@ def provenance_section(ctx: Context) -> list:
         b.append(("ul", run_counts(commits)))
         b.append(("p", "Data fingerprints:"))
         b.append(("ul", run_counts(runs["data_fingerprint"].fillna("(not recorded)").astype(str))))
+        where = runs.assign(group=runs["verdict.arm"].astype(str) + " " + runs["verdict.stage"].astype(str))
+        b.append(("p", "Machines (the runs' `device_name`; arm and stage):"))
+        b.append(("ul", machine_counts(where, "group")))
     b.append(("h2", "Left out"))
     if not len(p.left_out):
         b.append(("p", f"Nothing: all {len(rs.runs)} matched runs are finished protocol runs with the required "

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import common, context, known_results, protocol, scaling  # noqa: F401  (sections register on import)
-from analysis.document import (fit_param, identifiability_blocks, margin_text, multiplier_text, p_text,
+from analysis.document import (fit_param, machine_counts, identifiability_blocks, margin_text, multiplier_text, p_text,
                                render_markdown, run_counts, sci, signed_value, value)
 from analysis.engine import Context, Kind, build, section
 from analysis.floor import floor_for_runs, headline
@@ -458,6 +458,9 @@ def provenance_section(ctx: Context) -> list:
                ("p", "Git commits of the " + ("results" if len(inc) else "matched runs") + ":"),
                ("ul", run_counts(commits)), ("p", "Data fingerprints:"),
                ("ul", run_counts(src["data_fingerprint"].fillna("(not recorded)").astype(str))),
+               ("p", "Machines (the runs' `device_name`; variants):"),
+               ("ul", machine_counts(src.assign(label=[ctx.labels.get(v, shorten(v, ctx.shared))
+                                                       for v in src["variant"]]), "label")),
                ("h2", "Left out")]
     lo = ctx.left_out
     if not len(lo):

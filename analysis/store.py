@@ -50,6 +50,7 @@ RUN_TAGS = (
     "tokenizer_hash",
     "precision",
     "device",
+    "device_name",
     "torch_version",
     "lightning_version",
     "num_threads",

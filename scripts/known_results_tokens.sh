@@ -46,6 +46,21 @@ elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
 rm -rf "$out/report"
-# the study's margin (fixed before its runs); Holm over the two comparisons
-MLFLOW_TRACKING_URI="$uri" python -m analysis.report $name --out "$out/report" --margin 0.02 \
-  --baseline "$steps ${arms[0]}"
+# the study's margin (fixed before its runs); Holm over the two comparisons; a relative URI: the same bytes anywhere
+MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report $name --out "$out/report" \
+  --margin 0.02 --baseline "$steps ${arms[0]}"
+# the baseline's runs repeat the study's seeds 0-5 exactly (same config, seed and data order), on whatever machine
+# ran them (each report's Provenance names the machines): per seed, this re-run minus the study's run
+python - "$out/report/runs.csv" reports/known-results/report/runs.csv "$steps ${arms[0]}" > "$out/baseline_rerun.txt" <<'PY'
+import sys
+import pandas as pd
+rerun, study, variant = pd.read_csv(sys.argv[1]), pd.read_csv(sys.argv[2]), sys.argv[3]
+a = rerun[rerun["variant"] == variant].set_index("seed")
+b = study[(study["verdict.arm"] == "baseline") & (study["verdict.stage"] == "seeds")].set_index("seed")
+print("the baseline, seeds 0-5: this follow-up's re-run against the study's run (final val bpb)")
+print("seed  study   re-run  re-run - study")
+d = (a["final_val_bpb"] - b["final_val_bpb"].loc[a.index]).rename("d")
+for s in a.index:
+    print(f"{s:>4}  {b.loc[s, 'final_val_bpb']:.4f}  {a.loc[s, 'final_val_bpb']:.4f}  {d[s]:+.4f}")
+print(f"mean {d.mean():+.4f}, sd {d.std():.4f}, largest |difference| {d.abs().max():.4f} over {len(d)} seeds")
+PY

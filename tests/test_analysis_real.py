@@ -137,6 +137,10 @@ def test_report_files(real_report):
     for col in ("git_commit", "data_fingerprint"):
         for value in runs[col].dropna().unique():
             assert value in md
+    # and the machine they ran on: this CPU, as /proc/cpuinfo names it, with the count of result runs
+    from ablations.repro import cpu_model
+
+    assert f"- `{cpu_model()}`: {len(runs)} runs (" in md
 
 
 def test_table_values_equal_the_store(trained_store, real_report):

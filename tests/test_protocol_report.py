@@ -41,6 +41,7 @@ LR_FROM = ("m", "rope")  # its seeds' lr is tagged as searched at xs (verdict.lr
 T0 = 1_700_000_000_000
 MARGIN, REASON = 0.01, "a tenth of a percent of nothing: a test"
 FLOOR = {1: 4.5, 2: 3.3, 3: 1.60}
+OTHER_MACHINE = ("m", "rope")  # its seeds ran on "CPU B", every other run on "CPU A"
 
 
 def chosen_lr(size, arm):
@@ -71,7 +72,7 @@ def make_store(uri: str) -> None:
             base = {"verdict.protocol": EXPERIMENT, "verdict.arm": arm, "verdict.family": FAMILY[arm],
                     "verdict.baseline": "baseline", "verdict.size": size, "verdict.budget_flops": f"{budget:g}",
                     "verdict.margin": f"{MARGIN:g}", "verdict.margin_reason": REASON, "verdict.holm": "arm-family",
-                    "verdict.primary": "arms=*;sizes=*", "verdict.allow_dirty": "false"}
+                    "verdict.primary": "arms=*;sizes=*", "verdict.allow_dirty": "false", "device_name": "CPU A"}
             fpt = 6 * PARAMS[arm]
             steps = int(budget // (fpt * 2048))
             spent = steps * 2048 * fpt
@@ -95,6 +96,7 @@ def make_store(uri: str) -> None:
             for seed, bpb in zip((1, 2, 3), BPB[size][arm]):
                 tags = base | {"verdict.stage": "seeds", "seed": str(seed), "verdict.lr": f"{lr:g}",
                                **({"verdict.lr_from": "xs"} if (size, arm) == LR_FROM else {}),
+                               **({"device_name": "CPU B"} if (size, arm) == OTHER_MACHINE else {}),
                                "variant": f"{size} {arm} optim.lr={lr:g}"}
                 run(tags, {"optim.lr": lr, "seed": seed}, metrics(bpb, 9000.0 + seed))
     run({"variant": "stray", "seed": "0"}, {"optim.lr": 0.006}, [("final_val_bpb", 0.001, 0),
@@ -258,6 +260,21 @@ def test_parameter_mismatch_flagged_with_both_counts(built):
     assert "**differs**: 808,192 vs 804,096 (+0.5%)" in md
     assert "same (804,096)" in md
     assert "**differs**: 795,904 vs 804,096 (-1.0%)" in md
+
+
+def test_comparisons_across_machines_are_flagged_and_machines_listed(built):
+    _, _, out, _, _ = built
+    md = (out / "index.md").read_text()
+    note = next(line for line in md.splitlines() if line.startswith("**Measured on different machines**"))
+    # exactly the one comparison whose seeds ran elsewhere than the baseline's, with both machines named
+    assert "`rope` at `m` (its seeds on CPU B; the baseline's on CPU A)" in note
+    assert note.count(" at `") == 1
+    # provenance: each machine with its count of result runs and the arm/stage groups that ran there (3 rope seeds
+    # at m on B; 5 arms x 3 sizes x (3 seeds + 3 lrs) + rope at s's 3 extra lr seeds - those 3 - the FAILED lr run
+    # = 89 on A)
+    assert "- `CPU B`: 3 runs (rope seeds)" in md
+    assert "- `CPU A`: 89 runs (baseline lr, baseline seeds, geglu lr, geglu seeds, rmsnorm lr, rmsnorm seeds, " \
+           "rope lr, rope seeds, swiglu lr, swiglu seeds)" in md
 
 
 def test_lr_search_table(built):
