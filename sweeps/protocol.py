@@ -70,14 +70,15 @@ class ProtocolSpec:
     workers: int = 1                   # local processes (verdict.workers): lr studies shared, seeds split
     worker: tuple[int, int] = (0, 1)   # (this process's index, how many): its share of every size's seeds
     planned: bool = False              # verdict.seeds: plan (seeds_by_size still to be filled by sweeps.plan)
+    recipe: tuple[str, ...] = ()       # verdict.recipe: the training recipe, before the size's, arm's and user's
 
     def search_seeds(self) -> tuple[int, ...]:
         return self.lr_seeds or (self.lr_seed,)
 
     def run_overrides(self, arm: ProtocolArm, size: Size) -> list[str]:
-        """The training overrides of every run of (arm, size); the user's come last and win."""
+        """The training overrides of every run of (arm, size): the recipe first, the user's last (they win)."""
         head = [f"experiment={self.experiment}"] if self.experiment else []
-        return [*head, f"tracking.experiment={self.name}", *size.overrides,
+        return [*head, f"tracking.experiment={self.name}", *self.recipe, *size.overrides,
                 f"trainer.budget.flops={size.budget_flops:g}", *arm.overrides, *self.overrides]
 
     def seed_list(self, size_index: int) -> list[int]:
@@ -215,6 +216,10 @@ def load_spec(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
     name = v.get("name") or OmegaConf.select(probe, "tracking.experiment") or experiment
     sizes = _sizes(v)
     planned = v.get("seeds") == "plan"
+    recipe = v.get("recipe") or []
+    if not isinstance(recipe, list) or not all(isinstance(o, str) and "=" in o for o in recipe):
+        raise VerdictError(f"invalid verdict.recipe={recipe!r}: expected a list of KEY=VALUE training overrides "
+                           "(e.g. [optim.schedule=wsd]), or [] for the experiment's own recipe")
     return ProtocolSpec(
         name=str(name), experiment=experiment, baseline=str(baseline), arms=arms, sizes=sizes,
         seeds=1 if planned else _need(v, "seeds", int, "an integer >= 1 or plan"),
@@ -222,7 +227,7 @@ def load_spec(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
         lr_grid=[float(x) for x in grid], lr_seed=int(v.get("lr", {}).get("seed", 0)),
         storage=_need(v, "storage", str, "an Optuna storage URL"),
         overrides=[*(str(o) for o in v.get("overrides") or []), *run_ov], **_statistics(v, arms, sizes),
-        **_lr_search(v.get("lr", {}), sizes, probe), **_workers(v), planned=planned)
+        **_lr_search(v.get("lr", {}), sizes, probe), **_workers(v), planned=planned, recipe=tuple(recipe))
 
 
 def protocol_uri(p: ProtocolSpec, conf_dir: Path = CONF_DIR) -> str:

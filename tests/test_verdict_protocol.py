@@ -28,7 +28,10 @@ SIZES = ("verdict.sizes=[{name:a,budget_flops:1.5e8,overrides:['model.n_embd=16'
 def verdict_args(cwd, shakespeare_path, *extra):
     base = [a for a in tiny_args(shakespeare_path, **{"tracking.uri": f"sqlite:///{cwd}/mlflow.db", "threads": 1})
             if not a.startswith("trainer.max_steps=")]  # the budget sets the steps
+    # one lr seed, no grid growth (the defaults search two seeds per lr and grow the grid: test_verdict_lr_seeds.py
+    # and test_verdict_transfer.py run those); the default recipe (wsd) stays
     return ["verdict.name=tinyverdict", ARMS, SIZES, "verdict.lr.grid=[0.002,0.02]", "verdict.seeds=1",
+            "verdict.lr.seeds=null", "verdict.lr.extend=0",
             "verdict.seeds_largest=2", f"verdict.storage=sqlite:///{cwd}/optuna.db", "verdict.margin=0.05",
             "verdict.margin_reason=a test", "verdict.allow_dirty=true",  # the working tree of a test may be dirty
             *base, *extra]
@@ -153,6 +156,7 @@ BAD_PROTOCOLS = [
     ("verdict.margin=null", "verdict.margin=None"),
     ("verdict.holm=family", "verdict.holm='family'"),
     ("verdict.primary={arms:[nope]}", "verdict.primary.arms=['nope']"),
+    ("verdict.recipe=[wsd]", "verdict.recipe=['wsd']: expected a list of KEY=VALUE training overrides"),
 ]
 
 
@@ -216,6 +220,27 @@ def _one_commit(repo, path: str, text: str):
     _git(repo, "add", path)
     _git(repo, "commit", "-q", "-m", "one")
     return repo
+
+
+def test_the_default_protocol_trains_the_pilots_recipe_and_searches_lr_per_arm():
+    """conf/verdict/default.yaml (issue 26 items 1-2): every run composes to the recipe the recipe pilot chose (wsd,
+    2% warm-up, 20% linear decay to 0) in the standard parametrization, the lr searched at two seeds per lr with the
+    grid grown past an edge; an arm's or the user's own setting wins, and verdict.recipe=[] keeps the experiment's."""
+    from ablations.compose import compose
+    from sweeps.protocol import load_spec
+
+    def optim_of(argv):
+        p = load_spec(["experiment=norms", *argv])
+        cfg = compose(p.run_overrides(p.arms[1], p.sizes[0]))
+        return p, (cfg.optim.schedule, cfg.optim.warmup_frac, cfg.optim.decay_frac, cfg.optim.min_lr,
+                   cfg.model.parametrization)
+
+    p, optim = optim_of([])
+    assert optim == ("wsd", 0.02, 0.2, 0.0, "sp")
+    assert p.lr_seeds == (100, 101) and p.lr_extend == 2 and p.lr_transfer_from is None
+    assert optim_of(["optim.schedule=cosine"])[1][0] == "cosine"  # the user's override comes last
+    # without the recipe: the experiment's own (the harness's cosine with its 3e-4 floor)
+    assert optim_of(["verdict.recipe=[]"])[1][:4] == ("cosine", None, 0.2, 3e-4)
 
 
 def test_guard_refuses_a_dirty_tree_and_other_commits(tmp_path):
