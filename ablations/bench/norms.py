@@ -8,11 +8,13 @@
   thread's CPU time between hooks on the norm modules (forward) and on their autograd nodes (backward): where the
   two norms' costs differ in the model, with its activations coming from and going to memory, not the cache.
 - kernels: one norm's forward + backward at the model's activation shape (batch x block_size, n_embd) in fp32, in
-  the shared interleaved rounds: F.layer_norm (one fused kernel each way), this project's RMSNorm
-  (modules.norms.rmsnorm), PyTorch's F.rms_norm, and what RMSNorm's time is made of: its forward alone, LayerNorm's
-  fused backward kernel alone (RMSNorm's backward runs it), the centring correction, and an autograd.Function that
-  does nothing (Python's cost of a custom autograd function, which LayerNorm, all C++, does not pay). The row
-  `rmsnorm floor` says which of them sets RMSNorm's time.
+  the shared interleaved rounds: F.layer_norm (one fused kernel each way), this project's RMSNorm as the model runs
+  it (modules.norms.rmsnorm: its fused kernel on CPU where it is built, modules/norms/rms_kernel.py), its op-by-op
+  path, PyTorch's F.rms_norm, and what RMSNorm's time is made of: its forward alone, its backward alone (the fused
+  kernel's; on the op-by-op path LayerNorm's fused backward kernel plus the centring correction) against
+  LayerNorm's backward kernel, and an autograd.Function that does nothing (Python's cost of a custom autograd
+  function, which the op-by-op path pays and LayerNorm and the fused kernel, C++ nodes, do not). The row
+  `rmsnorm: largest part` says which of them sets RMSNorm's time.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ class _Nothing(torch.autograd.Function):
 
 def kernel_items(n: int, d: int, device: str, eps: float = 1e-5) -> dict[str, Callable[[], float]]:
     """name -> one call (returns 1.0): forward + backward of each norm on (n, d) fp32, and RMSNorm's pieces."""
-    from modules.norms.rmsnorm import rms_norm_backward, rms_norm
+    from modules.norms.rmsnorm import _fused_kernel, rms_norm, rms_norm_backward
 
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(n, d, generator=g).to(device).requires_grad_()
@@ -48,6 +50,12 @@ def kernel_items(n: int, d: int, device: str, eps: float = 1e-5) -> dict[str, Ca
     b = torch.zeros(d, device=device, requires_grad=True)
     dy = torch.randn(n, d, generator=g).to(device)
     rstd = torch.rsqrt(x.detach().pow(2).mean(-1, keepdim=True) + eps)  # (n, 1)
+    k = _fused_kernel(x, w)
+
+    def rms_backward():  # RMSNorm's backward as the model runs it: the fused kernel's, else the op-by-op one
+        if k is not None:
+            return k.backward(dy, x.detach(), rstd.view(-1), w.detach(), True)
+        return rms_norm_backward(dy, x.detach(), rstd, w.detach(), True)
 
     def fwd_bwd(fn):
         def call():
@@ -66,13 +74,13 @@ def kernel_items(n: int, d: int, device: str, eps: float = 1e-5) -> dict[str, Ca
     return {
         "layernorm fwd+bwd": fwd_bwd(lambda: F.layer_norm(x, (d,), w, b, eps)),
         "rmsnorm fwd+bwd": fwd_bwd(lambda: rms_norm(x, w, eps)),
+        "rmsnorm op-by-op fwd+bwd": fwd_bwd(lambda: rms_norm(x, w, eps, fused=False)),
         "F.rms_norm fwd+bwd": fwd_bwd(lambda: F.rms_norm(x, (d,), w, eps)),
         "layernorm fwd": no_grad(lambda: F.layer_norm(x, (d,), w, b, eps)),
         "rmsnorm fwd": no_grad(lambda: rms_norm(x, w, eps)),
         "layernorm bwd kernel": no_grad(lambda: torch.ops.aten.native_layer_norm_backward(
             dy, x, [d], torch.zeros_like(rstd), rstd, w, b, [True, True, True])),
-        "rmsnorm bwd (kernel + centring)": no_grad(
-            lambda: rms_norm_backward(dy, x.detach(), rstd, w.detach(), True)),
+        "rmsnorm bwd": no_grad(rms_backward),
         "empty autograd.Function": fwd_bwd(lambda: _Nothing.apply(x)),
     }
 
@@ -209,17 +217,22 @@ def kernels(bench: Bench, rates: dict[str, dict]) -> tuple[dict, list[tuple[str,
     """The kernel items of the shared rounds: one norm's fwd+bwd at the activation shape, RMSNorm's parts."""
     secs = {k: 1.0 / v["best"] for k, v in rates.items()}  # seconds per call, best round
     ln = secs["layernorm fwd+bwd"]
-    pieces = {"forward": secs["rmsnorm fwd"], "backward": secs["rmsnorm bwd (kernel + centring)"],
-              "autograd.Function": secs["empty autograd.Function"]}
+    from modules.norms import rms_kernel
+
+    fused = rms_kernel.kernel() is not None and bench.device == "cpu"
+    pieces = {"forward": secs["rmsnorm fwd"], "backward": secs["rmsnorm bwd"]}
+    if not fused:  # the op-by-op path runs a Python autograd.Function; the fused kernel's node is C++
+        pieces["autograd.Function"] = secs["empty autograd.Function"]
     floor = max(pieces, key=pieces.get)
     m = bench.model
     shape = [bench.batch_size * int(m["block_size"]), int(m["n_embd"])]
     rows = [(f"norm fwd+bwd {shape[0]}x{shape[1]} fp32",
              f"layernorm {_us(ln)} | rmsnorm {_us(secs['rmsnorm fwd+bwd'])} "
-             f"(x{secs['rmsnorm fwd+bwd'] / ln:.2f}) | F.rms_norm {_us(secs['F.rms_norm fwd+bwd'])}"),
+             f"(x{secs['rmsnorm fwd+bwd'] / ln:.2f}, {'fused kernel' if fused else 'op by op: no fused kernel'}) | "
+             f"rmsnorm op by op {_us(secs['rmsnorm op-by-op fwd+bwd'])} | F.rms_norm {_us(secs['F.rms_norm fwd+bwd'])}"),
             ("rmsnorm pieces", f"forward {_us(pieces['forward'])} (layernorm's {_us(secs['layernorm fwd'])}), "
                                f"backward {_us(pieces['backward'])} "
                                f"(layernorm's kernel {_us(secs['layernorm bwd kernel'])}), empty "
-                               f"autograd.Function {_us(pieces['autograd.Function'])}"),
+                               f"autograd.Function {_us(secs['empty autograd.Function'])}"),
             ("rmsnorm: largest part", f"its {floor} ({_us(pieces[floor])} of {_us(secs['rmsnorm fwd+bwd'])})")]
-    return {"kernel_shape": shape, "kernel_seconds": secs, "rmsnorm_floor": floor}, rows
+    return {"kernel_shape": shape, "kernel_seconds": secs, "rmsnorm_floor": floor, "rmsnorm_fused": fused}, rows

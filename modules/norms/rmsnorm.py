@@ -2,17 +2,20 @@
 
     y = x / sqrt(mean(x^2) + eps) * weight
 
-Written as the four element-wise ops above, autograd keeps four activations and runs about ten kernels forward and
-backward, slower than LayerNorm's fused kernels (figures: ablations.bench --only variants; F.rms_norm is the same
-composite on CPU). `_RMSNormFn` computes the same maths with one reduction and two multiplies forward, saves only
-x and the per-row rstd, and runs its backward through PyTorch's fused LayerNorm backward kernel: that kernel, given
-mean = 0 and our rstd, computes rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight, xhat = x * rstd,
-and the weight gradient sum(dy * xhat); RMSNorm's input gradient lacks the mean(g) term (nothing is centred), so it
-is added back: one matrix-vector product and one broadcast add.
+On CPU in fp32 (the residual stream, under bf16-mixed too) it runs a fused kernel (`rms_kernel`: one pass per row
+each way, as LayerNorm's kernels do). Elsewhere, or where that kernel cannot be built, `_RMSNormFn` computes the same
+maths op by op: one reduction and two multiplies forward, saving only x and the per-row rstd, and a backward through
+PyTorch's fused LayerNorm backward kernel: that kernel, given mean = 0 and our rstd, computes
+rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight, xhat = x * rstd, and the weight gradient
+sum(dy * xhat); RMSNorm's input gradient lacks the mean(g) term (nothing is centred), so it is added back: one
+matrix-vector product and one broadcast add. Written as the four element-wise ops of the formula instead, autograd
+keeps four activations and runs about ten kernels (F.rms_norm is that composite on CPU); figures: ablations.bench
+--only norms.
 """
 import torch
 from torch import nn
 
+from modules.norms import rms_kernel
 from modules.norms.base import EpsNormOptions, Norm
 from modules.registry import register
 
@@ -60,9 +63,19 @@ def rms_norm_backward(dy, x, rstd, weight, need_dw: bool):
     return dx, dw
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2, -1) + eps) * weight, statistics in (at least) fp32, output in x's dtype."""
-    return _RMSNormFn.apply(x, weight, eps)
+def _fused_kernel(x: torch.Tensor, weight: torch.Tensor):
+    """The fused kernel where it applies (fp32 on CPU, eager: torch.compile fuses the op-by-op path itself)."""
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.numel() == 0
+            or torch.compiler.is_compiling()):
+        return None
+    return rms_kernel.kernel()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = True) -> torch.Tensor:
+    """x / sqrt(mean(x^2, -1) + eps) * weight, statistics in (at least) fp32, output in x's dtype. fused=False: the
+    op-by-op path even where the fused kernel applies (the bench and the tests compare the two)."""
+    k = _fused_kernel(x, weight) if fused else None
+    return k.rms_norm(x, weight, eps) if k is not None else _RMSNormFn.apply(x, weight, eps)
 
 
 @register("norm", "rmsnorm")

@@ -1,0 +1,110 @@
+"""RMSNorm's fused CPU kernel (modules/norms/rms_kernel.py) against PyTorch's own F.rms_norm computed in float64 (an
+outside reference for the forward, its autograd for both gradients), at shapes that meet the kernel's edges: a width
+that is no multiple of any vector length, fewer rows than one parallel chunk, a batch of sequences, two threads
+(the weight gradient summed over per-thread partials). And which path RMSNorm takes: the kernel for fp32 on CPU
+(under bf16 autocast too: the residual stream is fp32), the op-by-op path otherwise, and when the kernel is off.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modules.norms import rms_kernel
+from modules.norms.rmsnorm import rms_norm
+
+
+def test_the_kernel_is_built_here():
+    # CI has a compiler and ninja (pyproject): a missing kernel there is a failure, not a fallback to accept
+    assert rms_kernel.kernel() is not None, rms_kernel._built.get("why")
+
+
+@pytest.mark.parametrize("shape", [(2048, 128), (7, 37), (3, 5, 64), (1, 1)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_matches_pytorch_in_float64(shape, threads):
+    k = rms_kernel.kernel()
+    g = torch.Generator().manual_seed(sum(shape) + threads)
+    d, eps = shape[-1], 1e-5
+    x = 3 * torch.randn(shape, generator=g, dtype=torch.float64)
+    w = 1 + 0.5 * torch.randn(d, generator=g, dtype=torch.float64)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64)
+    x64, w64 = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = F.rms_norm(x64, (d,), w64, eps)
+    ref.backward(dy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y, rstd = k.forward(x.float().reshape(-1, d), w.float(), eps)
+        dx, dw = k.backward(dy.float().reshape(-1, d), x.float().reshape(-1, d), rstd, w.float(), True)
+    finally:
+        torch.set_num_threads(before)
+    assert y.shape == (x.numel() // d, d) and rstd.shape == (x.numel() // d,)
+    torch.testing.assert_close(y.double().view(shape), ref.detach(), rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(rstd.double(), torch.rsqrt(x.pow(2).mean(-1) + eps).reshape(-1), rtol=2e-6, atol=0)
+    torch.testing.assert_close(dx.double().view(shape), x64.grad, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(dw.double(), w64.grad, rtol=2e-5, atol=2e-4)
+
+
+class _Counting:
+    """The built kernel, the calls of its op (with its C++ autograd node) counted."""
+
+    def __init__(self, k):
+        self.k, self.calls = k, 0
+
+    def rms_norm(self, *a):
+        self.calls += 1
+        return self.k.rms_norm(*a)
+
+
+def test_the_op_and_its_autograd_node_match_pytorch(tmp_path):
+    """The op RMSNorm calls (kernel().rms_norm, its autograd node in C++) on a 3-d input, the weight gradient asked
+    for or not, against F.rms_norm in float64."""
+    k = rms_kernel.kernel()
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 9, 48, generator=g, dtype=torch.float64)
+    w = 1 + 0.3 * torch.randn(48, generator=g, dtype=torch.float64)
+    dy = torch.randn(2, 9, 48, generator=g, dtype=torch.float64)
+    x64, w64 = x.clone().requires_grad_(), w.clone().requires_grad_()
+    F.rms_norm(x64, (48,), w64, 1e-6).backward(dy)
+    for w_grad in (True, False):
+        xf, wf = x.float().requires_grad_(), w.float().requires_grad_(w_grad)
+        y = k.rms_norm(xf, wf, 1e-6)
+        assert y.shape == x.shape and y.grad_fn is not None
+        y.backward(dy.float())
+        torch.testing.assert_close(y.detach().double(), F.rms_norm(x, (48,), w, 1e-6), rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(xf.grad.double(), x64.grad, rtol=2e-5, atol=2e-5)
+        if w_grad:
+            torch.testing.assert_close(wf.grad.double(), w64.grad, rtol=2e-5, atol=2e-4)
+        else:
+            assert wf.grad is None
+
+
+def test_which_path_rmsnorm_takes(monkeypatch):
+    counting = _Counting(rms_kernel.kernel())
+    monkeypatch.setitem(rms_kernel._built, "module", counting)
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    w = torch.randn(32, requires_grad=True)
+    fused = rms_norm(x, w, 1e-5)
+    assert counting.calls == 1
+    fused.square().sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    composite = rms_norm(x, w, 1e-5, fused=False)  # the op-by-op path, asked for
+    composite.square().sum().backward()
+    assert counting.calls == 1
+    torch.testing.assert_close(fused, composite, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx, x.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gw, w.grad, rtol=1e-4, atol=1e-4)
+    rms_norm(x.double(), w.double(), 1e-5)  # not fp32: op by op
+    rms_norm(x.bfloat16(), w, 1e-5)
+    assert counting.calls == 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the fp32 residual stream under bf16-mixed: the kernel
+        assert rms_norm(x, w, 1e-5).dtype == torch.float32
+    assert counting.calls == 2
+
+
+def test_kernel_off_is_one_warning_and_the_op_by_op_path(monkeypatch):
+    monkeypatch.setattr(rms_kernel, "_built", {})
+    monkeypatch.setenv("ABLATIONS_RMSNORM_KERNEL", "off")
+    with pytest.warns(RuntimeWarning, match=r"fused CPU kernel is not used \(ABLATIONS_RMSNORM_KERNEL=off\)"):
+        assert rms_kernel.kernel() is None
+    x, w = torch.randn(5, 16), torch.ones(16)
+    torch.testing.assert_close(rms_norm(x, w, 1e-6), F.rms_norm(x, (16,), w, 1e-6), rtol=1e-6, atol=1e-6)
