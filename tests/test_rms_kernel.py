@@ -1,4 +1,4 @@
-"""RMSNorm's fused CPU kernel (modules/norms/rms_kernel.py) against PyTorch's own F.rms_norm computed in float64 (an
+"""RMSNorm's fused CPU kernel (modules/kernels/rms_norm.py) against PyTorch's own F.rms_norm computed in float64 (an
 outside reference for the forward, its autograd for both gradients), at shapes that meet the kernel's edges: a width
 that is no multiple of any vector length, fewer rows than one parallel chunk, a batch of sequences, two threads
 (the weight gradient summed over per-thread partials). And which path RMSNorm takes: the kernel for fp32 on CPU
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modules.norms import rms_kernel
+from modules.kernels import rms_norm as rms_kernel
 from modules.norms.rmsnorm import rms_norm
 
 

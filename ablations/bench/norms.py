@@ -9,7 +9,7 @@
   two norms' costs differ in the model, with its activations coming from and going to memory, not the cache.
 - kernels: one norm's forward + backward at the model's activation shape (batch x block_size, n_embd) in fp32, in
   the shared interleaved rounds: F.layer_norm (one fused kernel each way), this project's RMSNorm as the model runs
-  it (modules.norms.rmsnorm: its fused kernel on CPU where it is built, modules/norms/rms_kernel.py), its op-by-op
+  it (modules.norms.rmsnorm: its fused kernel on CPU where it is built, modules/kernels/rms_norm.py), its op-by-op
   path, PyTorch's F.rms_norm, and what RMSNorm's time is made of: its forward alone, its backward alone (the fused
   kernel's; on the op-by-op path LayerNorm's fused backward kernel plus the centring correction) against
   LayerNorm's backward kernel, and an autograd.Function that does nothing (Python's cost of a custom autograd
@@ -217,7 +217,7 @@ def kernels(bench: Bench, rates: dict[str, dict]) -> tuple[dict, list[tuple[str,
     """The kernel items of the shared rounds: one norm's fwd+bwd at the activation shape, RMSNorm's parts."""
     secs = {k: 1.0 / v["best"] for k, v in rates.items()}  # seconds per call, best round
     ln = secs["layernorm fwd+bwd"]
-    from modules.norms import rms_kernel
+    from modules.kernels import rms_norm as rms_kernel
 
     fused = rms_kernel.kernel() is not None and bench.device == "cpu"
     pieces = {"forward": secs["rmsnorm fwd"], "backward": secs["rmsnorm bwd"]}
@@ -229,7 +229,8 @@ def kernels(bench: Bench, rates: dict[str, dict]) -> tuple[dict, list[tuple[str,
     rows = [(f"norm fwd+bwd {shape[0]}x{shape[1]} fp32",
              f"layernorm {_us(ln)} | rmsnorm {_us(secs['rmsnorm fwd+bwd'])} "
              f"(x{secs['rmsnorm fwd+bwd'] / ln:.2f}, {'fused kernel' if fused else 'op by op: no fused kernel'}) | "
-             f"rmsnorm op by op {_us(secs['rmsnorm op-by-op fwd+bwd'])} | F.rms_norm {_us(secs['F.rms_norm fwd+bwd'])}"),
+             f"rmsnorm op by op {_us(secs['rmsnorm op-by-op fwd+bwd'])} | "
+             f"F.rms_norm {_us(secs['F.rms_norm fwd+bwd'])}"),
             ("rmsnorm pieces", f"forward {_us(pieces['forward'])} (layernorm's {_us(secs['layernorm fwd'])}), "
                                f"backward {_us(pieces['backward'])} "
                                f"(layernorm's kernel {_us(secs['layernorm bwd kernel'])}), empty "

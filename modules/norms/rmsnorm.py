@@ -2,20 +2,19 @@
 
     y = x / sqrt(mean(x^2) + eps) * weight
 
-On CPU in fp32 (the residual stream, under bf16-mixed too) it runs a fused kernel (`rms_kernel`: one pass per row
-each way, as LayerNorm's kernels do). Elsewhere, or where that kernel cannot be built, `_RMSNormFn` computes the same
-maths op by op: one reduction and two multiplies forward, saving only x and the per-row rstd, and a backward through
-PyTorch's fused LayerNorm backward kernel: that kernel, given mean = 0 and our rstd, computes
-rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight, xhat = x * rstd, and the weight gradient
-sum(dy * xhat); RMSNorm's input gradient lacks the mean(g) term (nothing is centred), so it is added back: one
-matrix-vector product and one broadcast add. Written as the four element-wise ops of the formula instead, autograd
-keeps four activations and runs about ten kernels (F.rms_norm is that composite on CPU); figures: ablations.bench
---only norms.
+On CPU in fp32 (the residual stream, under bf16-mixed too) it runs a fused kernel (`modules/kernels/rms_norm.py`:
+one pass per row each way, as LayerNorm's kernels do). Elsewhere, or where that kernel cannot be built, `_RMSNormFn`
+computes the same maths op by op: one reduction and two multiplies forward, saving only x and the per-row rstd, and
+a backward through PyTorch's fused LayerNorm backward kernel: that kernel, given mean = 0 and our rstd, computes
+rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight, xhat = x * rstd, and the weight gradient sum(dy *
+xhat); RMSNorm's input gradient lacks the mean(g) term (nothing is centred), so it is added back: one matrix-vector
+product and one broadcast add. Written as the four element-wise ops of the formula instead, autograd keeps four
+activations and runs about ten kernels (F.rms_norm is that composite on CPU); figures: ablations.bench --only norms.
 """
 import torch
 from torch import nn
 
-from modules.norms import rms_kernel
+from modules.kernels import rms_norm as rms_kernel
 from modules.norms.base import EpsNormOptions, Norm
 from modules.registry import register
 
