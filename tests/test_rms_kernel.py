@@ -108,3 +108,23 @@ def test_kernel_off_is_one_warning_and_the_op_by_op_path(monkeypatch):
         assert rms_kernel.kernel() is None
     x, w = torch.randn(5, 16), torch.ones(16)
     torch.testing.assert_close(rms_norm(x, w, 1e-6), F.rms_norm(x, (16,), w, 1e-6), rtol=1e-6, atol=1e-6)
+
+
+def test_one_build_per_cpu_kind(monkeypatch):
+    """The build is -march=native: its cached name carries a hash of the CPU's model and flags, so a home directory
+    shared with a machine of another CPU never loads this one's build."""
+    class FakePath:
+        text = ""
+
+        def __init__(self, *_):
+            pass
+
+        def read_text(self):
+            return FakePath.text
+
+    monkeypatch.setattr(rms_kernel, "Path", FakePath)
+    tags = {}
+    for name, flags in (("avx512", "fpu sse2 avx2 avx512f"), ("avx2", "fpu sse2 avx2"), ("again", "fpu sse2 avx2")):
+        FakePath.text = f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n"
+        tags[name] = rms_kernel._cpu_tag()
+    assert tags["avx512"] != tags["avx2"] == tags["again"]

@@ -130,6 +130,22 @@ def _find_ninja() -> bool:
     return False
 
 
+def _cpu_tag() -> str:
+    """A short hash of this CPU's model and instruction-set flags: the build is -march=native, so a home directory
+    shared by machines of other CPUs (a cluster's) must not hand one machine's build to another (illegal
+    instructions)."""
+    import hashlib
+    import platform
+
+    try:
+        info = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith(("model name", "flags", "Features"))][:3]
+    except OSError:
+        info = []
+    text = "\n".join(info) or f"{platform.machine()} {platform.processor()}"
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
 def kernel():
     """The compiled extension (rms_norm: the op with its C++ autograd node; forward, backward: the two kernels on
     (rows, d)), or None where it cannot be had (the reason warned once)."""
@@ -144,8 +160,8 @@ def kernel():
         try:
             from torch.utils.cpp_extension import load_inline
 
-            # -march=native: the build lives in this machine's extension cache, keyed by source and flags
-            module = load_inline("ablations_rms_norm", cpp_sources=[_SOURCE], extra_cflags=[
+            # -march=native: one build per CPU kind (_cpu_tag), each cached by torch under its own name
+            module = load_inline(f"ablations_rms_norm_{_cpu_tag()}", cpp_sources=[_SOURCE], extra_cflags=[
                 "-O3", "-march=native", "-fopenmp-simd"], verbose=False)
         except Exception as e:  # noqa: BLE001 - any build failure leaves the op-by-op path, which is correct
             why = " ".join(str(e).split())[:300] or type(e).__name__
