@@ -36,6 +36,14 @@ def tracking_uri(cfg: DictConfig | None = None) -> str:
     return str(uri) if uri else os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a SQLite URI (`~` expanded), or None: another scheme, an in-memory or empty path."""
+    if not urlparse(uri).scheme.lower().startswith("sqlite") or ":///" not in uri:
+        return None
+    path = uri.split(":///", 1)[1]
+    return Path(path).expanduser() if path and path != ":memory:" else None
+
+
 def check_reachable(uri: str, timeout: float = 10.0) -> None:
     """Fail fast (before any training) when the tracking store cannot be used."""
     parsed = urlparse(uri)
@@ -43,9 +51,9 @@ def check_reachable(uri: str, timeout: float = 10.0) -> None:
     if scheme in ("http", "https"):
         check_server(uri, timeout)
     elif scheme.startswith("sqlite"):
-        path = uri.split(":///", 1)[1] if ":///" in uri else ""
-        if path and path != ":memory:":
-            parent = Path(path).expanduser().resolve().parent
+        db = _sqlite_file(uri)
+        if db is not None:
+            parent = db.resolve().parent
             if not parent.is_dir():
                 raise TrackingError(f"tracking.uri={uri}: directory {parent} does not exist: create it or use "
                                     f"tracking.uri=sqlite:///mlflow.db")
@@ -108,11 +116,8 @@ def client(uri: str):
     """An MlflowClient for `uri`; a SQLite store is opened under a lock (`_sqlite_open_lock`)."""
     from mlflow import MlflowClient
 
-    with _sqlite_open_lock(uri) as locked:
-        cl = MlflowClient(tracking_uri=uri)
-        if locked:
-            cl.search_experiments(max_results=1)  # opens the store now, under the lock
-    return cl
+    with _sqlite_open_lock(uri):
+        return MlflowClient(tracking_uri=uri)  # making the client opens (and on first use migrates) the store
 
 
 @contextlib.contextmanager
@@ -123,15 +128,14 @@ def _sqlite_open_lock(uri: str):
     database (nothing for other stores)."""
     import fcntl
 
-    path = uri.split(":///", 1)[1] if urlparse(uri).scheme.lower().startswith("sqlite") and ":///" in uri else ""
-    db = Path(path).expanduser()
-    if not path or path == ":memory:" or not db.parent.is_dir():
-        yield False  # nothing on disk to share (check_reachable reports a missing directory in one line)
+    db = _sqlite_file(uri)
+    if db is None or not db.parent.is_dir():
+        yield  # nothing on disk to share (check_reachable reports a missing directory in one line)
         return
     with open(db.with_name(db.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            yield True
+            yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 

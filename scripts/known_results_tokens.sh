@@ -34,8 +34,6 @@ stream() {  # <comma-separated seeds>: every arm at these seeds
 
 if [[ "${1:-}" != "--report" ]]; then
   trap 'compact_store "$store/mlflow.db" "$gz"' EXIT
-  # the store's schema first, in one process: two runs creating a fresh SQLite store at once race on its migrations
-  python -c "import sys; from ablations.tracking import client; client(sys.argv[1]).search_experiments()" "$uri"
   stream 0,1,2 & a=$!
   stream 3,4,5 & b=$!
   failed=0
