@@ -81,11 +81,15 @@ def run_counts(values) -> list[str]:
     return [f"`{k}`: {n} run{'s' if n != 1 else ''}" for k, n in sorted(counts.items())]
 
 
+def machine_of(runs):
+    """A Series: each run's machine (tag device_name: the GPU, else the CPU model); None without that column. The
+    same config and seed on another machine is another trajectory (other kernels round differently)."""
+    return runs["device_name"].fillna("(not recorded)").astype(str) if "device_name" in runs else None
+
+
 def machine_counts(runs, group: str) -> list[str]:
-    """"`machine`: n runs (the `group` values that ran there)" per machine (tag device_name: the GPU, else the CPU
-    model), for provenance lists. The same config and seed on another machine is another trajectory (other kernels
-    round differently), so arms measured on different machines differ by the machine as well."""
-    machines = runs["device_name"].fillna("(not recorded)").astype(str) if "device_name" in runs else None
+    """"`machine`: n runs (the `group` values that ran there)" per machine (`machine_of`), for provenance lists."""
+    machines = machine_of(runs)
     if machines is None or not len(runs):
         return []
     out = []

@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 
 from analysis import common, forest, scaling  # noqa: F401  (common, forest: their sections register)
-from analysis.document import (ci_text, machine_counts, fit_param, fixed, identifiability_blocks, margin_text, mean_std,
-                               multiplier_text, p_text, run_counts, sci, signed)
+from analysis.document import (ci_text, fit_param, fixed, identifiability_blocks, machine_counts, machine_of,
+                               margin_text, mean_std, multiplier_text, p_text, run_counts, sci, signed)
 from analysis.engine import Context, Kind, section
 from analysis.floor import floor_for_runs, headline
 from analysis.paired import UNPAIRED
@@ -486,10 +486,11 @@ def _machines_blocks(ctx: Context) -> list:
     """Comparisons whose arm's seeds and baseline's seeds ran on different machines (tag device_name): a seed's
     trajectory is not bit-reproducible across CPUs or GPUs, so the machine is mixed into such a difference."""
     seeds = ctx.protocol.seeds
-    if "device_name" not in seeds or not len(seeds):
+    machines = machine_of(seeds)
+    if machines is None or not len(seeds):
         return []
-    where = {(str(sz), str(arm)): sorted({str(m) for m in g["device_name"].fillna("(not recorded)")})
-             for (sz, arm), g in seeds.groupby(["verdict.size", "verdict.arm"])}
+    where = {(str(sz), str(arm)): sorted(set(m)) for (sz, arm), m in machines.groupby(
+        [seeds["verdict.size"], seeds["verdict.arm"]])}
     notes = []
     for _, r in ctx.table.iterrows():
         if r["verdict"] == "baseline":

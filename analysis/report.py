@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 
 from analysis import common, context, known_results, protocol, scaling  # noqa: F401  (sections register on import)
-from analysis.document import (fit_param, machine_counts, identifiability_blocks, margin_text, multiplier_text, p_text,
-                               render_markdown, run_counts, sci, signed_value, value)
+from analysis.document import (fit_param, identifiability_blocks, machine_counts, margin_text, multiplier_text,
+                               p_text, render_markdown, run_counts, sci, signed_value, value)
 from analysis.engine import Context, Kind, build, section
 from analysis.floor import floor_for_runs, headline
 from analysis.paired import UNPAIRED, load_paired
