@@ -1,8 +1,10 @@
 """`python -m ablations.paired [--model small-cpu] [--steps N] [--rounds R] [--json FILE] ARM=OVERRIDES ...`
 
 Paired training-throughput comparison: every arm's model is built in this one process and timed in interleaved
-rounds (A B C, A B C, ...), so every arm meets the same phases of the machine's load. A throughput claim between
-arms needs this: runs made at different times on a shared machine differ by whatever else was running.
+rounds (A B C, C B A, A B C, ...), so every arm meets the same phases of the machine's load and each place in a
+round as often (in one fixed order, two copies of one arm read 0.7% apart, 400 rounds of one step: the place, not
+the arm). A throughput claim between arms needs this: runs made at different times on a shared machine differ by
+whatever else was running.
 
     python -m ablations.paired baseline= rope=position=rope rmsnorm=norm=rmsnorm
     python -m ablations.paired --model small-cpu --steps 20 --rounds 10 layernorm= rmsnorm=norm=rmsnorm --json p.json
@@ -38,10 +40,11 @@ from statistics import median
 
 from modules.errors import ConfigError
 
+from ablations.malloc import describe as malloc_mode, keep_freed_memory
 from ablations.repro import cpu_model
 
 TOOL = "ablations.paired"
-ORDER = "interleaved rounds: every arm once per round, in the order given (A B C, A B C, ...)"
+ORDER = "interleaved rounds: every arm once per round, the order given reversed every other round (A B C, C B A, ...)"
 
 
 class PairedError(ConfigError):
@@ -223,7 +226,7 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
     rates = {name: [] for name, *_ in trainers}
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     for r in range(rounds):
-        for name, _, _, s, tr in trainers:
+        for name, _, _, s, tr in (trainers if r % 2 == 0 else trainers[::-1]):
             sync(s["device"])
             t0 = time.perf_counter()
             tokens = sum(tr.step() for _ in range(steps))
@@ -246,7 +249,8 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
                                                    "block_size", "tokens_per_step", "batches")},
             "device_name": ", ".join(torch.cuda.get_device_name() if d.startswith("cuda") else cpu_model()
                                      for d in sorted(devices)),
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "steps_per_round": steps,
+            "threads": torch.get_num_threads(), "malloc": malloc_mode(), "torch": torch.__version__,
+            "steps_per_round": steps,
             "warmup_steps": warmup, "rounds": rounds, "order": ORDER, "load_average_start": load_start,
             "load_average_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             "reference": ref, "arms": arms_out}
@@ -294,6 +298,7 @@ def main(argv=None) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
+        keep_freed_memory()  # as training does
         res = measure(args.model, arms, args.steps, args.rounds, args.warmup, args.device,
                       log=lambda m: print(m, file=sys.stderr, flush=True))
     except PairedError as exc:

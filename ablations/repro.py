@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from .malloc import describe as malloc_mode
+
 # tags that can explain why the same config and seed gave a different curve (compared by `ablations.rerun`)
 ENV_TAGS = ("git_commit", "git_dirty", "git_diff_hash", "data_fingerprint", "tokenizer_hash", "precision", "device",
             "device_name", "cpu_model", "cpu_capability", "cuda_version", "cudnn_version", "num_threads",
@@ -70,6 +72,7 @@ def environment_tags(accelerator: str) -> dict[str, str]:
         "num_threads": str(torch.get_num_threads()),
         "num_interop_threads": str(torch.get_num_interop_threads()),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+        "malloc": malloc_mode(),  # speed, not numbers: freed memory kept or returned (ablations.malloc)
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "deterministic": str(torch.are_deterministic_algorithms_enabled()).lower(),
         "cuda_version": str(torch.version.cuda) if cuda else "none",

@@ -32,6 +32,7 @@ from .errors import (AblationsError, CheckpointError, ConfigError, DataError, Di
                      TrackingError, one_line)
 from .generate import sample_text
 from .inference_timing import generation_benchmark
+from .malloc import keep_freed_memory
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
 from .optim import run_params
 from .metrics import MetricsCallback, measure_peak_flops
@@ -122,6 +123,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
     cfg, hydra_name, hydra_tags = own_config(cfg)  # a private copy: the steps below complete it
     shape = check_config(cfg)                     # bad values fail here, before anything is built
     set_threads(cfg.get("threads"))
+    keep_freed_memory()                           # the next step reuses this step's freed activations (CPU)
     uri = open_store(cfg)                         # an unreachable tracking store fails before any data work
     data = load_data(cfg, shape)                  # corpus and tokenizer (cached); sets tokenizer.vocab_size
     model = build_model(cfg)                      # seeded init; the optimizer config checked against it

@@ -221,3 +221,16 @@ def test_variants_bounds_known_answers(variants):
     # cache at 16 + 4/2 = 18 positions: (33,952 - 1,024 + 32) x 4 + 18 x 2 x 2 x 32 x 4 = 141,056 bytes
     assert b["decode_bytes_per_token"] == 141_056
     assert b["decode_bound"] == pytest.approx(bw / 141_056)
+
+
+def test_malloc_section_runs_each_arm_in_its_own_process(tmp_path):
+    out = tmp_path / "b.json"
+    assert run_bench(["model=tiny", "--only", "malloc", "--steps", "2", "--rounds", "1", "--json", str(out)]) == 0
+    m = json.loads(out.read_text())["malloc"]
+    assert set(m) == {"32-true", "bf16-mixed"}
+    for fig in m.values():
+        # each child set its allocator as its arm says (the setting is per process: one child per arm)
+        assert fig["mode"]["default"] == "default (ABLATIONS_MALLOC)"
+        assert fig["mode"]["kept"].startswith("glibc, freed memory kept")
+        assert positive(fig["ratio"]) and len(fig["tokens_per_sec"]["kept"]) == 1
+        assert all(v >= 0 for v in [*fig["faults_per_step_median"].values(), *fig["kernel_sec_per_step_median"].values()])

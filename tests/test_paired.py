@@ -99,6 +99,25 @@ def test_each_arm_runs_at_its_own_precision_batch_and_context(monkeypatch):
     assert "tiny, fp32 32-true, bf16 bf16-mixed on cpu" in summary_lines(res)[0]
 
 
+def test_rounds_alternate_the_order_of_the_arms(monkeypatch):
+    """Each place in a round as often for every arm (A B C, C B A, ...): with one fixed order, two copies of one
+    arm read 0.7% apart. The models' forward calls are watched in the order they run."""
+    from ablations.paired import measure
+    from modules.gpt import GPT
+
+    ran = []
+    forward = GPT.forward
+
+    def watched(self, idx, *args, **kwargs):
+        ran.append(idx.shape[0])  # each arm has its own batch size: the order of the arms
+        return forward(self, idx, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", watched)
+    arms = [(f"b{b}", [f"data.batch_size={b}", "model.block_size=8"]) for b in (2, 3, 4)]
+    measure("tiny", arms, steps=1, rounds=4, warmup=1, device="cpu", log=lambda m: None)
+    assert ran[3:] == [2, 3, 4, 4, 3, 2, 2, 3, 4, 4, 3, 2]  # after the warm-up steps, in the order built
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """ablations.paired's main in this process (its stdout and stderr captured), torch's thread count and Dynamo's

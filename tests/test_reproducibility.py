@@ -107,6 +107,7 @@ def test_run_records_its_environment(runs):
     assert tags["num_threads"] == "1" and tags["omp_num_threads"] == "1"
     assert tags["precision"] == "32-true" and tags["device"] == "cpu" and tags["deterministic"] == "false"
     assert tags["cuda_version"] == "none" and tags["cpu_model"] and tags["cpu_capability"]
+    assert tags["malloc"].startswith("glibc, freed memory kept")  # training kept it (ablations.malloc)
     assert tags["git_dirty"] in ("true", "false")
     assert len(tags["git_commit"]) == 40 or tags["git_commit"] == "unknown"
     assert (tags["git_diff_hash"] == "clean") == (tags["git_dirty"] == "false")

@@ -43,6 +43,19 @@ def test_kernel_matches_pytorch_in_float64(shape, threads):
     torch.testing.assert_close(dw.double(), w64.grad, rtol=2e-5, atol=2e-4)
 
 
+def test_the_kernel_runs_on_torchs_threads():
+    # the parallel branch of at::parallel_for is compiled into the kernel only with OpenMP: without it the kernel
+    # runs serially whatever torch.set_num_threads says (it did, before -fopenmp)
+    k = rms_kernel.kernel()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert k.threads_used(2048) == 2
+        assert k.threads_used(16) == 1  # one grain: no second thread
+    finally:
+        torch.set_num_threads(before)
+
+
 class _Counting:
     """The built kernel, the calls of its op (with its C++ autograd node) counted."""
 

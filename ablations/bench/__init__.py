@@ -17,7 +17,9 @@ module of this package, in table order (each module's docstring says what it mea
 - variants (variants.py): every registered variant of every family swapped into the composed model one at a time,
   training, prefill and decode tokens/s each as a fraction of its own analytic bound;
 - norms (norms.py): RMSNorm against LayerNorm: paired training in 32-true and bf16-mixed, each norm's forward and
-  backward per call inside training steps, and its kernels at the model's activation shape.
+  backward per call inside training steps, and its kernels at the model's activation shape;
+- malloc (malloc.py): bare-loop training with freed memory kept between steps (ablations.malloc) against glibc's
+  defaults, one child process per arm in alternating order, and the page faults per step of each.
 
 Definitions. MFU = flops_per_token (modules.accounting: 6N + attention) x tokens/sec / the measured dense GEMM peak
 of the precision the matmuls run in (fp32 for 32-true, bf16 for bf16-mixed), or `--peak-flops` when given (e.g. a

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ablations.malloc import keep_freed_memory
+
 from .core import DTYPES, Options, sections
 from .runner import run
 
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides, chosen, opts = parse_args(list(sys.argv[1:] if argv is None else argv))
     if opts.threads:
         torch.set_num_threads(opts.threads)
+    keep_freed_memory()  # as training does: the harness and the bare loop alike
     if opts.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False  # "fp32" means fp32: the 32-true peak and MFU stay honest
     start = time.perf_counter()

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ablations.compose import compose
+from ablations.malloc import describe as malloc_mode
 
 from .core import Bench, Options, Row, Section, model_dict, sections
 from .timing import fixed_steps, interleaved
@@ -28,7 +29,7 @@ def header(bench: Bench) -> dict:
 
     device = bench.device
     out = {"overrides": bench.overrides, "model": bench.model, "batch_size": bench.batch_size, "device": device,
-           "threads": torch.get_num_threads(), "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "malloc": malloc_mode(), "torch": torch.__version__,
            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
            "flops_per_token": accounting.flops_per_token(bench.model), **accounting.param_counts(bench.model),
            "mfu_peak_source": "configured (bf16)" if bench.opts.peak_flops else "measured"}
