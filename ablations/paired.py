@@ -2,9 +2,9 @@
 
 Paired training-throughput comparison: every arm's model is built in this one process and timed in interleaved
 rounds (A B C, C B A, A B C, ...), so every arm meets the same phases of the machine's load and each place in a
-round as often (in one fixed order, two copies of one arm read 0.7% apart, 400 rounds of one step: the place, not
-the arm). A throughput claim between arms needs this: runs made at different times on a shared machine differ by
-whatever else was running.
+round as often (the place alone moved a ratio by about as much as RMSNorm against LayerNorm: docs/bench.md, "Paired
+throughput"). A throughput claim between arms needs this: runs made at different times on a shared machine differ
+by whatever else was running.
 
     python -m ablations.paired baseline= rope=position=rope rmsnorm=norm=rmsnorm
     python -m ablations.paired --model small-cpu --steps 20 --rounds 10 layernorm= rmsnorm=norm=rmsnorm --json p.json

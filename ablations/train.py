@@ -32,8 +32,8 @@ from .errors import (AblationsError, CheckpointError, ConfigError, DataError, Di
                      TrackingError, one_line)
 from .generate import sample_text
 from .inference_timing import generation_benchmark
-from .malloc import keep_freed_memory
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
+from .malloc import keep_freed_memory
 from .optim import run_params
 from .metrics import MetricsCallback, measure_peak_flops
 from .progress import LineProgress, line_every, wants_lines

@@ -36,7 +36,7 @@ PAGES = 40 * (1 << 20) // 4096
 
 
 def _run(arg: str, **env) -> dict:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "ABLATIONS_MALLOC"}
+    clean = {k: v for k, v in os.environ.items() if k not in (*malloc.GLIBC_ENV, "ABLATIONS_MALLOC")}
     out = subprocess.run([sys.executable, "-c", _LOOP, arg], capture_output=True, text=True, check=True,
                          env={**clean, **env})
     return json.loads(out.stdout.strip().splitlines()[-1])

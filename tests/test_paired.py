@@ -100,8 +100,8 @@ def test_each_arm_runs_at_its_own_precision_batch_and_context(monkeypatch):
 
 
 def test_rounds_alternate_the_order_of_the_arms(monkeypatch):
-    """Each place in a round as often for every arm (A B C, C B A, ...): with one fixed order, two copies of one
-    arm read 0.7% apart. The models' forward calls are watched in the order they run."""
+    """Each place in a round as often for every arm (A B C, C B A, ...): in one fixed order the place alone moved a
+    ratio (docs/bench.md). The models' forward calls are watched in the order they run."""
     from ablations.paired import measure
     from modules.gpt import GPT
 

@@ -18,6 +18,7 @@ import sys
 from statistics import median
 
 from ablations.compose import CONF_DIR
+from ablations.malloc import GLIBC_ENV
 
 from .core import Bench, Figures, Section, section
 
@@ -40,21 +41,21 @@ seconds = time.perf_counter() - t0
 r1 = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"mode": mode, "tokens_per_sec": tokens / seconds,
                   "faults_per_step": (r1.ru_minflt - r0.ru_minflt) / a["steps"],
-                  "kernel_sec_per_step": (r1.ru_stime - r0.ru_stime) / a["steps"],
-                  "user_sec_per_step": (r1.ru_utime - r0.ru_utime) / a["steps"]}))
+                  "kernel_sec_per_step": (r1.ru_stime - r0.ru_stime) / a["steps"]}))
 """
 ARMS = (("default", "default"), ("kept", "keep"))  # (name, ABLATIONS_MALLOC)
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
 def child_rate(bench: Bench, precision: str, steps: int, setting: str) -> dict:
-    """One child process's bare-loop training under ABLATIONS_MALLOC=`setting`: its tokens/s and faults per step."""
+    """One child process's bare-loop training under ABLATIONS_MALLOC=`setting` (glibc's own MALLOC_*_ settings
+    removed, so `default` is glibc's defaults): its tokens/s, page faults and kernel seconds per step."""
     from omegaconf import OmegaConf
 
     args = {"model": bench.model, "batch_size": bench.batch_size, "precision": precision, "device": bench.device,
             "optim": OmegaConf.to_container(bench.cfg.optim, resolve=True), "threads": 1 if bench.opts.threads is None
             else bench.opts.threads, "warmup": 2, "steps": steps}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env = {k: v for k, v in os.environ.items() if k not in GLIBC_ENV}
     env.update(ABLATIONS_MALLOC=setting, PYTHONPATH=os.pathsep.join([str(CONF_DIR.parent), env.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True, env=env)
     if proc.returncode:
