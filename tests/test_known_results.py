@@ -51,8 +51,30 @@ FLOOR = {2: 2.9, 3: 2.55, 4: 2.31, 5: 2.2}
 N_TRAIN = 1_000_000  # train-split tokens; every run saw tokens_seen 2,048,000: 2.048 epochs
 
 
-def make_store(uri: str) -> None:
+def log_run(client, exp: str, start: int, tags: dict, lr: float, seed: int, bpb: float, arm: str) -> None:
+    """One finished run of `arm` at `lr` and `seed` reaching `bpb`, started at `start` (ms)."""
     from mlflow.entities import Metric, Param, RunTag
+
+    r = client.create_run(exp, start_time=start, tags=tags, run_name=tags["variant"])
+    ms = [("final_val_bpb", bpb, 0), ("final_val_loss", bpb * 0.7, 0), ("params", 800_000, 0),
+          ("flops_per_token", 4.8e6, 0), ("final_tokens_per_sec", 9000.0, 0), ("flops_seen", 9.8e12, 1000),
+          ("tokens_seen", 2_048_000, 1000), ("kv_cache_bytes_per_token", KV.get(arm, 2048), 0)]
+    client.log_batch(r.info.run_id, metrics=[Metric(k, float(v), start + 1000, s) for k, v, s in ms],
+                     params=[Param("optim.lr", str(lr)), Param("seed", str(seed))],
+                     tags=[RunTag("git_commit", "c0ffee"), RunTag("data_fingerprint", "fp"),
+                           RunTag("tokenizer", "char"), RunTag("git_dirty", "false")])
+    client.set_terminated(r.info.run_id, status="FINISHED", end_time=start + 2000)
+
+
+def protocol_tags(name: str, arm: str, size: str, budget: str) -> dict:
+    """The tags every run of protocol `name` carries for `arm` at `size`, before its stage's own."""
+    return {"verdict.protocol": name, "verdict.arm": arm, "verdict.family": FAMILY[arm],
+            "verdict.baseline": "baseline", "verdict.size": size, "verdict.budget_flops": budget,
+            "verdict.margin": f"{MARGIN:g}", "verdict.margin_reason": "a test", "verdict.holm": "study",
+            "verdict.primary": "arms=*;sizes=*", "verdict.allow_dirty": "false", "verdict.paired": "true"}
+
+
+def make_store(uri: str) -> None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
@@ -61,21 +83,10 @@ def make_store(uri: str) -> None:
 
     def run(tags, lr, seed, bpb, arm):
         clock[0] += 60_000
-        r = client.create_run(exp, start_time=clock[0], tags=tags, run_name=tags["variant"])
-        ms = [("final_val_bpb", bpb, 0), ("final_val_loss", bpb * 0.7, 0), ("params", 800_000, 0),
-              ("flops_per_token", 4.8e6, 0), ("final_tokens_per_sec", 9000.0, 0), ("flops_seen", 9.8e12, 1000),
-              ("tokens_seen", 2_048_000, 1000), ("kv_cache_bytes_per_token", KV.get(arm, 2048), 0)]
-        client.log_batch(r.info.run_id, metrics=[Metric(k, float(v), clock[0] + 1000, s) for k, v, s in ms],
-                         params=[Param("optim.lr", str(lr)), Param("seed", str(seed))],
-                         tags=[RunTag("git_commit", "c0ffee"), RunTag("data_fingerprint", "fp"),
-                               RunTag("tokenizer", "char"), RunTag("git_dirty", "false")])
-        client.set_terminated(r.info.run_id, status="FINISHED", end_time=clock[0] + 2000)
+        log_run(client, exp, clock[0], tags, lr, seed, bpb, arm)
 
-    for arm, family in FAMILY.items():
-        base = {"verdict.protocol": EXPERIMENT, "verdict.arm": arm, "verdict.family": family,
-                "verdict.baseline": "baseline", "verdict.size": "m", "verdict.budget_flops": "1e13",
-                "verdict.margin": f"{MARGIN:g}", "verdict.margin_reason": "a test", "verdict.holm": "study",
-                "verdict.primary": "arms=*;sizes=*", "verdict.allow_dirty": "false", "verdict.paired": "true"}
+    for arm in FAMILY:
+        base = protocol_tags(EXPERIMENT, arm, "m", "1e13")
         for lr, mean in zip(GRID, LR_STAGE.get(arm, ())):
             for seed, d in ((100, 0.01), (101, -0.01)):
                 run(base | {"verdict.stage": "lr", "seed": str(seed), "variant": f"m {arm} optim.lr={lr:g}"}, lr, seed,
@@ -241,6 +252,17 @@ def test_report_opens_with_the_forest_plot_marking_the_papers_direction(built):
     forest = pd.read_csv(out / "forest.csv", keep_default_na=False).set_index("arm")
     assert forest.loc["rope", "expected"] == "better" and forest.loc["mqa", "expected"] == "worse"
     assert forest.loc["rmsnorm", "expected"] == "equivalent"
+    # the figure marks each row's paper direction on the side of 0 it found: ◁ (left, Δ < 0: the arm's loss was
+    # lower) for rope, ▷ for mqa, ◇ for rmsnorm
+    from analysis.forest import forest_figure
+
+    ax = forest_figure(forest.reset_index()).axes[0]
+    y_of = dict(zip(forest.index, range(len(forest) - 1, -1, -1)))  # the first row at the top
+    marked = {ln.get_ydata()[0]: ln.get_marker() for ln in ax.lines
+              if ln.get_marker() in ("<", ">", "D") and len(ln.get_xdata()) == 1}
+    assert (marked[y_of["rope"]], marked[y_of["mqa"]], marked[y_of["rmsnorm"]]) == ("<", ">", "D"), marked
+    assert all(ln.get_xdata()[0] > 0 for ln in ax.lines if ln.get_marker() in ("<", ">", "D")
+               and len(ln.get_xdata()) == 1)  # at the panel's right edge, clear of the data
     md = (out / "index.md").read_text()
     assert md.startswith("# Known results: `known-results`")
     assert md.index("](figures/forest.png)") < md.index("## Findings") < md.index("## Verdicts per size")
@@ -275,3 +297,72 @@ def test_paired_t_by_hand():
     assert r["delta"] == pytest.approx(-0.083333, abs=1e-6)
     assert (r["ci_low"], r["ci_high"]) == (pytest.approx(-0.155044, abs=1e-6), pytest.approx(-0.011622, abs=1e-6))
     assert r["correlation"] == pytest.approx(0.981981, abs=1e-6)
+
+
+def test_paired_t_pairs_by_seed_not_by_row():
+    """The arms list their seeds in different orders (b: 2, 1, 3): pairing by seed gives d = -0.10, -0.05, -0.10,
+    the interval of test_paired_t_by_hand, [-0.155044, -0.011622] (scipy.stats.ttest_rel on the aligned values gives
+    the same); pairing by row would give d = -0.25, +0.10, -0.10: -0.083333 ± 4.302653 * 0.175594 / sqrt(3) =
+    [-0.5195, +0.3529]."""
+    from analysis.stats import paired_t
+
+    a = pd.Series([2.0, 2.2, 2.1], index=[1, 2, 3])
+    b = pd.Series([2.25, 2.1, 2.2], index=[2, 1, 3])
+    r = paired_t(a, b)
+    assert r["n"] == 3 and r["delta"] == pytest.approx(-0.083333, abs=1e-6)
+    assert (r["ci_low"], r["ci_high"]) == (pytest.approx(-0.155044, abs=1e-6), pytest.approx(-0.011622, abs=1e-6))
+    assert r["correlation"] == pytest.approx(0.981981, abs=1e-6)
+
+
+def test_a_protocol_row_reads_the_verdict_size_not_the_smallest(tmp_path):
+    """Two sizes (written largest first; the table sorts them by budget): at the smaller `s` rope's seeds spread
+    over 0.2 bpb (inconclusive), at the verdict size `m` they are BPB's (better, as at one size). The row must read
+    `m`."""
+    from mlflow.tracking import MlflowClient
+
+    from analysis.engine import Context
+    from analysis.known_results import load_known, protocol_row
+    from analysis.literature import FINDINGS
+    from analysis.store import load_runs
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("two-sizes")
+    seeds = {"m": BPB, "s": {"baseline": [2.40, 2.41, 2.42, 2.43], "rope": [2.20, 2.60, 2.30, 2.50]}}
+    for size, budget in (("m", "1e13"), ("s", "3e12")):
+        for arm in ("baseline", "rope"):
+            for seed, bpb in zip((1, 2, 3, 4), seeds[size][arm]):
+                tags = protocol_tags("two-sizes", arm, size, budget) | {
+                    "verdict.stage": "seeds", "seed": str(seed), "verdict.lr": "0.006",
+                    "variant": f"{size} {arm} optim.lr=0.006"}
+                log_run(client, exp, T0, tags, 0.006, seed, bpb, arm)
+    runset = load_runs("two-sizes", uri)
+    ctx = Context(out=None, runset=runset, query=runset.query, tracking_uri=uri)
+    load_known(ctx)
+    rope = ctx.table[ctx.table["arm"] == "rope"].set_index("size")["verdict"]
+    assert list(rope.index) == ["s", "m"] and rope["s"] == "inconclusive" and rope["m"] == "better"
+    row = protocol_row(ctx, next(f for f in FINDINGS if f.key == "rope"))
+    assert row["verdict"] == "better" and row["agreement"] == "agree"
+    assert row["our_setting"].startswith("`rope` vs `baseline` at `m`: 4 and 4 seeds")
+    assert row["our_delta"].startswith(f"−{abs(np.mean(BPB['rope']) - np.mean(BPB['baseline'])):.4f} [−")
+
+
+@pytest.mark.parametrize("parts, verdict, agreement", [
+    (("held", "not established", "held"), "(a) held, (b) not established, (c) held", "undecided"),
+    (("held", "held", "held"), "(a) held, (b) held, (c) held", "agree"),
+    (("held", "failed", "not established"), "(a) held, (b) failed, (c) not established", "disagree"),
+])
+def test_mup_row_agrees_only_when_every_part_held(monkeypatch, parts, verdict, agreement):
+    """The paper found all three parts: one part not established (none failed) leaves the row undecided, not agreed.
+    The judge is replaced (the committed store's own verdicts are test_mup_row_reads_the_committed_hypothesis_page's);
+    the row still reads that store for its setting."""
+    from analysis import lr_hypothesis
+    from analysis.engine import Context
+    from analysis.known_results import lr_transfer_row
+    from analysis.literature import FINDINGS
+
+    f = next(f for f in FINDINGS if f.source == "lr-transfer")
+    monkeypatch.setattr(lr_hypothesis, "judge", lambda cur, opt, tr: [
+        (f.arm, part, v, f"part {part}") for part, v in zip("abc", parts)])
+    row = lr_transfer_row(Context(out=None), f)
+    assert row["verdict"] == verdict and row["agreement"] == agreement

@@ -46,6 +46,12 @@ MUP_FLAT = {("mup", w): 2 for w in WIDTHS}
     ({**MUP_FLAT, ("sp", 32): 2, ("sp", 64): 1, ("sp", 256): 0},
      {("mup", 32): 2.5, ("mup", 64): 2.4, ("mup", 256): 2.405, ("sp", 32): 2.5, ("sp", 64): 2.4, ("sp", 256): 2.4},
      {"a": "held", "b": "not established", "c": "not established"}),
+    # (b) at the transferred lr (mup's best at 32, step 2), not at 256's own best (step 3): mup at 256 reaches
+    # 2.3 + 0.1 = 2.40 there against sp's interior best 2.35, 0.05 > 0.01 behind (at step 3 it would be 2.30, ahead);
+    # the optimum moves one step (a holds); at step 1 the width 256 (2.70) is above 64 (2.50): c fails
+    ({("mup", 32): 2, ("mup", 64): 2, ("mup", 256): 3, ("sp", 32): 2, ("sp", 64): 1, ("sp", 256): 1},
+     {("mup", 32): 2.5, ("mup", 64): 2.4, ("mup", 256): 2.3, ("sp", 32): 2.5, ("sp", 64): 2.4, ("sp", 256): 2.35},
+     {"a": "held", "b": "failed", "c": "failed"}),
 ])
 def test_parts_judged_as_planted(best, level, want):
     assert judged(best, level) == want

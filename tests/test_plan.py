@@ -210,6 +210,11 @@ def test_a_protocol_never_plans_its_seeds_from_a_pilot_of_fewer_than_five(pilot_
                                            r"plan.min_pilot_seeds=5: run a pilot of at least 5 seeds, or give "
                                            r"plan.sd=S"):
         plan_seeds(spec)
+    spec.plan["min_pilot_seeds"] = 4  # one more than the pilot has (df 2 < 3): refused, in one line
+    with pytest.raises(VerdictError, match=r"rests on 3 seeds .*plan.min_pilot_seeds=4: run a pilot of at least 4 "
+                                           r"seeds") as e:
+        plan_seeds(spec)
+    assert "\n" not in str(e.value)
     spec.plan["min_pilot_seeds"] = 3
     assert plan_seeds(spec)  # explicitly allowed
     spec.plan["min_pilot_seeds"] = 1
