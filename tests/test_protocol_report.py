@@ -333,13 +333,22 @@ def test_throughput_labelled_unpaired_and_strays_left_out(built):
 
 @pytest.mark.slow
 def test_rerun_is_byte_identical(built):
+    """Rebuilt into a folder an earlier build wrote in other formats (--format svg, pdf), beside the user's own
+    files: the report's figures of every format are gone, the user's files kept, the report byte for byte the same."""
     tmp, uri, out, _, _ = built
     out2 = tmp / "again"
+    stale = [out2 / "figures" / "forest.svg", out2 / "figures" / "loss_vs_compute.pdf"]
+    mine = [out2 / "figures" / "mine.svg", out2 / "notes.md"]
+    (out2 / "figures").mkdir(parents=True)
+    for p in stale + mine:
+        p.write_text(f"{p.name}: written before the rebuild\n")
     r = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, "--tracking-uri", uri, "--out",
                         str(out2)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert not any(p.exists() for p in stale)
+    assert all(p.read_text() == f"{p.name}: written before the rebuild\n" for p in mine)
     files = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
-    assert files == sorted(p.relative_to(out2) for p in out2.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(out2) for p in out2.rglob("*") if p.is_file() and p not in mine)
     for f in files:
         assert (out / f).read_bytes() == (out2 / f).read_bytes(), f
 
