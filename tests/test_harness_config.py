@@ -76,6 +76,9 @@ def test_known_config_keys_pass():
                               "+model.extra=1", "experiment=norms", "hydra.job.chdir=true"], CONF) is None
     # a mandatory key (`path: ???` in conf/data/text.yaml) is a known key too
     assert check_config_keys(["data=text", "data.path=/tmp/corpus.txt"], CONF) is None
+    # a key that exists only once its group is chosen: the sliding window's width, absent from the default mha
+    assert check_config_keys(["attention=sliding", "attention.window=8"], CONF) is None
+    assert check_config_keys(["attention.window=8"], CONF).startswith("error: attention.window is not a config key")
 
 
 def test_progress_lines_cadence():

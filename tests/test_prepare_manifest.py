@@ -91,3 +91,38 @@ def test_a_splits_last_partial_shard_is_checked_too(tmp_path, capsys):
     prepare(cfg, "byte", verify=True)
     assert f"shard {flipped} fails its checksum" in capsys.readouterr().out
     assert shard_bytes(folder) == good
+
+
+def test_a_damaged_val_shard_alone_is_found_and_rewritten(tmp_path, capsys):
+    """One payload byte of one val shard flipped, every train shard intact: prepare's verification must name it and
+    rewrite it byte for byte (a verification of the train split only passed the other test, which breaks both)."""
+    corpus = write_parquet(tmp_path / "c.parquet", make_docs(200))
+    cfg = data_cfg(tmp_path, corpus, shard_tokens=500)
+    folder, m, _ = prepare(cfg, "byte")
+    good = shard_bytes(folder)
+    assert len(m["splits"]["val"]["shards"]) >= 2
+    victim = folder / m["splits"]["val"]["shards"][0]["file"]
+    raw = bytearray(victim.read_bytes())
+    raw[HEADER_BYTES + 10] ^= 0x01
+    victim.write_bytes(bytes(raw))
+    capsys.readouterr()
+    prepare(cfg, "byte", verify=True)
+    assert f"shard {victim} fails its checksum" in capsys.readouterr().out
+    assert shard_bytes(folder) == good
+
+
+def test_every_document_in_val_falls_back_to_the_cut_rule(tmp_path):
+    """25 documents named 0-24 at val_fraction 0.97: the sha256 rule puts all 25 in val, so each document is cut at
+    the line break after 3% of it instead. Document i is "doc i: " + 20 lines of "line of text\\n" (267 characters for
+    i < 10, 268 after): 3% is 8 characters, the first line break is at 19 (20 for i >= 10), so train holds the first
+    line of each, 10 x 20 + 15 x 21 = 515 bytes, val the other 6,690 - 515 = 6,175; each split one separator
+    between consecutive documents (24)."""
+    from ablations.splits import choose_rule, is_val
+
+    docs = [f"doc {i}: " + "line of text\n" * 20 for i in range(25)]
+    assert all(is_val(str(i), 0.97) for i in range(25))
+    assert choose_rule([str(i) for i in range(25)], 25, 0.97) == "cut"
+    corpus = write_parquet(tmp_path / "c.parquet", docs)
+    _, m, _ = prepare(data_cfg(tmp_path, corpus, val_fraction=0.97), "byte")
+    assert m["corpus"]["split_rule"] == "cut"
+    assert (m["splits"]["train"]["tokens"], m["splits"]["val"]["tokens"]) == (515 + 24, 6175 + 24)

@@ -114,6 +114,28 @@ def test_which_path_rmsnorm_takes(monkeypatch):
     assert counting.calls == 2
 
 
+def test_fp32_activations_with_a_bf16_weight_take_the_op_by_op_path(monkeypatch):
+    """The kernel is fp32 only: an fp32 residual stream normalised by a bf16 weight (a model cast to bf16 whose
+    activations are fp32) goes op by op, in fp32, against F.rms_norm in float64 of the same (bf16-rounded) weight;
+    the weight's gradient comes back in its own dtype. Given to the kernel it raised "expected scalar type Float but
+    found BFloat16"."""
+    counting = _Counting(rms_kernel.kernel())
+    monkeypatch.setitem(rms_kernel._built, "module", counting)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 5, 24, generator=g, requires_grad=True)
+    w = (1 + 0.3 * torch.randn(24, generator=g)).bfloat16().requires_grad_()
+    dy = torch.randn(3, 5, 24, generator=g)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = F.rms_norm(x64, (24,), w64, 1e-5)
+    ref.backward(dy.double())
+    y = rms_norm(x, w, 1e-5)
+    y.backward(dy)
+    assert counting.calls == 0 and y.dtype == x.grad.dtype == torch.float32 and w.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(y.double(), ref.detach(), rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(w.grad.double(), w64.grad, rtol=8e-3, atol=8e-3)  # bf16: 8 bits of mantissa
+
+
 def test_kernel_off_is_one_warning_and_the_op_by_op_path(monkeypatch):
     monkeypatch.setattr(rms_kernel, "_built", {})
     monkeypatch.setenv("ABLATIONS_RMSNORM_KERNEL", "off")

@@ -227,11 +227,12 @@ def test_the_default_protocol_trains_the_pilots_recipe_and_searches_lr_per_arm()
     2% warm-up, 20% linear decay to 0) in the standard parametrization, the lr searched at two seeds per lr with the
     grid grown past an edge; an arm's or the user's own setting wins, and verdict.recipe=[] keeps the experiment's."""
     from ablations.compose import compose
-    from sweeps.protocol import load_spec
+    from sweeps.protocol import ProtocolArm, load_spec
 
-    def optim_of(argv):
+    def optim_of(argv, arm_overrides=None):
         p = load_spec(["experiment=norms", *argv])
-        cfg = compose(p.run_overrides(p.arms[1], p.sizes[0]))
+        arm = p.arms[1] if arm_overrides is None else ProtocolArm("cosine", "f", arm_overrides)
+        cfg = compose(p.run_overrides(arm, p.sizes[0]))
         return p, (cfg.optim.schedule, cfg.optim.warmup_frac, cfg.optim.decay_frac, cfg.optim.min_lr,
                    cfg.model.parametrization)
 
@@ -239,6 +240,7 @@ def test_the_default_protocol_trains_the_pilots_recipe_and_searches_lr_per_arm()
     assert optim == ("wsd", 0.02, 0.2, 0.0, "sp")
     assert p.lr_seeds == (100, 101) and p.lr_extend == 2 and p.lr_transfer_from is None
     assert optim_of(["optim.schedule=cosine"])[1][0] == "cosine"  # the user's override comes last
+    assert optim_of([], ("optim.schedule=cosine",))[1][0] == "cosine"  # an arm's comes after the recipe too
     # without the recipe: the experiment's own (the harness's cosine with its 3e-4 floor)
     assert optim_of(["verdict.recipe=[]"])[1][:4] == ("cosine", None, 0.2, 3e-4)
 
