@@ -83,14 +83,18 @@ def test_a_splits_last_partial_shard_is_checked_too(tmp_path, capsys):
     with pytest.raises(DataError, match=rf"^shard {victim} is truncated or padded .*: re-run `python -m ablations"):
         prepare_data(cfg, "byte")
     victim.write_bytes(raw)
-    flipped = folder / last["train"]["file"]
-    raw = bytearray(flipped.read_bytes())
-    raw[HEADER_BYTES + 3] ^= 0xFF
-    flipped.write_bytes(bytes(raw))
+    flip_and_verify(cfg, folder / last["train"]["file"], 3, capsys)
+    assert shard_bytes(folder) == good
+
+
+def flip_and_verify(cfg, shard, at: int, capsys) -> None:
+    """Payload byte `at` of `shard` flipped: prepare's verification must name the shard (and rewrite it)."""
+    raw = bytearray(shard.read_bytes())
+    raw[HEADER_BYTES + at] ^= 0xFF
+    shard.write_bytes(bytes(raw))
     capsys.readouterr()
     prepare(cfg, "byte", verify=True)
-    assert f"shard {flipped} fails its checksum" in capsys.readouterr().out
-    assert shard_bytes(folder) == good
+    assert f"shard {shard} fails its checksum" in capsys.readouterr().out
 
 
 def test_a_damaged_val_shard_alone_is_found_and_rewritten(tmp_path, capsys):
@@ -101,13 +105,7 @@ def test_a_damaged_val_shard_alone_is_found_and_rewritten(tmp_path, capsys):
     folder, m, _ = prepare(cfg, "byte")
     good = shard_bytes(folder)
     assert len(m["splits"]["val"]["shards"]) >= 2
-    victim = folder / m["splits"]["val"]["shards"][0]["file"]
-    raw = bytearray(victim.read_bytes())
-    raw[HEADER_BYTES + 10] ^= 0x01
-    victim.write_bytes(bytes(raw))
-    capsys.readouterr()
-    prepare(cfg, "byte", verify=True)
-    assert f"shard {victim} fails its checksum" in capsys.readouterr().out
+    flip_and_verify(cfg, folder / m["splits"]["val"]["shards"][0]["file"], 10, capsys)
     assert shard_bytes(folder) == good
 
 
