@@ -305,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             raise VerdictError(str(e)) from None
         print("\n".join(render(p, s, rows)))
         if json_path:
-            Path(json_path).write_text(json.dumps(planned(p, s, rows), indent=1) + "\n")
+            try:
+                Path(json_path).write_text(json.dumps(planned(p, s, rows), indent=1) + "\n")
+            except OSError as e:
+                raise VerdictError(f"json={json_path}: cannot write it ({e.strerror}); give a path in an existing "
+                                   "folder") from None
         return 0
 
     return exit_code(go)

@@ -127,3 +127,12 @@ def test_the_planner_records_the_sd_at_its_upper_bound_when_asked(tmp_path):
     rec = json.loads(path.read_text())
     assert rec["protocol"] == "second-study" and rec["sd_given"] == 0.01
     assert {r["sd_arm"] for r in rec["rows"]} == {0.01}
+
+
+def test_an_unwritable_json_path_is_one_line(tmp_path, capsys):
+    from sweeps.plan import main
+
+    bad = tmp_path / "no-such-folder" / "plan.json"
+    assert main(["verdict=second-study", "sd=0.01", f"json={bad}"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"json={bad}: cannot write it" in line and not bad.parent.exists()
