@@ -50,6 +50,8 @@ class Context:
     formats: tuple = ("png",)
     paired_path: str | None = None  # --paired FILE, and its measurement
     paired: dict | None = None
+    plan_path: str | None = None  # --plan FILE (a verdict protocol's seed plan, analysis.seed_plan), and its plan
+    plan: dict | None = None
     option_args: list = field(default_factory=list)  # options the Regenerate command repeats
     given_baseline: str | None = None  # what was asked for (--baseline, --margin) ...
     given_margin: float | None = None

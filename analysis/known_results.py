@@ -155,7 +155,8 @@ def lr_transfer_row(ctx: Context, f: Finding) -> dict:
         return _row(f, f"no SP and μP runs of `{f.arm}` in `{path}`", "n/a", "n/a", "not run")
     mine = opt[(opt["optimizer"] == f.arm) & (opt["parametrization"] == "mup")].sort_values("width")
     setting = (f"`{path}`: {lr_transfer.LABELS.get(f.arm, f.arm)}, widths {mine['width'].iloc[0]}-"
-               f"{mine['width'].iloc[-1]}, the hypothesis stated before its runs (hypothesis.md there)")
+               f"{mine['width'].iloc[-1]}, final val loss in {lr_hypothesis.UNIT} (not bpb), the hypothesis stated "
+               "before its runs (hypothesis.md there)")
     delta = "; ".join(f"({part}) {sentence}" for part, _, sentence in parts)
     verdicts = [verdict for _, verdict, _ in parts]
     verdict = ", ".join(f"({part}) {v}" for (part, _, _), v in zip(parts, verdicts))

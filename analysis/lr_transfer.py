@@ -45,6 +45,7 @@ LABELS = {"adamw": "AdamW", "muon": "Muon", "sp": "SP", "mup": "μP"}
 MAX_SHIFT = 1  # grid steps: the transfer criterion
 KEY = ["optimizer", "parametrization", "width", "lr", "seed"]
 DIVERGED = "training loss is"  # the harness's DivergenceError message (ablations/lit.py)
+UNIT = "nats per token"  # the loss these reports read (final_val_loss): not bits per byte
 INF_TEXT = "inf (diverged)"  # a loss mean with a diverged seed (document.fixed prints +inf as this)
 # design params shown in the report when the runs agree on them
 DESIGN_PARAMS = ("data.name", "tokenizer.name", "model.n_layer", "model.n_head", "model.block_size",
@@ -348,7 +349,7 @@ def base_check(study: Study) -> list[str]:
         return []
     d = (pair["mup"] - pair["sp"]).abs().dropna()
     return [f"Check: at width {base}, μP's base width (where μP is SP), μP and SP runs of the same optimizer, lr "
-            f"and seed differ by at most {d.max():.2e} in final val loss ({len(d)} pairs)."]
+            f"and seed differ by at most {d.max():.2e} in final val loss ({UNIT}; {len(d)} pairs)."]
 
 
 def load_lr_transfer(ctx: Context) -> None:
@@ -392,15 +393,15 @@ def result_section(ctx: Context) -> list:
                   "lr). The seed range at the optimum (max - min over seeds) is the noise a shift competes with: "
                   "where the gap to the next-best lr is below it, the optimum's position is uncertain by a step."),
             ("table", ["optimizer", "parametrization", "widths", "shift (steps)", "span (steps)", "least span",
-                       "all interior", "max seed range at optimum", "transfer"], transfer_rows(tr)),
+                       "all interior", f"max seed range at optimum ({UNIT})", "transfer"], transfer_rows(tr)),
             ("h3", "Best lr per width"),
-            ("table", ["optimizer", "param.", "width", "best lr", "log2 lr", "grid step", "interior", "mean loss",
-                       "seed range", "seeds", "gap to next-best lr"], optima_rows(opt, tr))]
+            ("table", ["optimizer", "param.", "width", "best lr", "log2 lr", "grid step", "interior",
+                       f"mean loss ({UNIT})", "seed range", "seeds", "gap to next-best lr"], optima_rows(opt, tr))]
 
 
 @section("lr.grid")
 def grid_section(ctx: Context) -> list:
-    b: list = [("h2", "Final val loss at every grid point"), ("p", "Mean [min, max] over seeds, nats per token.")]
+    b: list = [("h2", "Final val loss at every grid point"), ("p", f"Mean [min, max] over seeds, {UNIT}.")]
     cur, _, tr = ctx.once(analysed)
     for t in tr.itertuples():
         b.append(("h3", f"{LABELS.get(t.optimizer, t.optimizer)}, {LABELS.get(t.parametrization, t.parametrization)}"))

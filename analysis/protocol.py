@@ -41,6 +41,7 @@ from analysis.engine import Context, Kind, section
 from analysis.floor import floor_for_runs, headline
 from analysis.paired import UNPAIRED
 from analysis.plots import scaling_figure, variant_styles
+from analysis.seed_plan import check_protocol, plan_blocks
 from analysis.stats import paired_t
 from analysis.store import AnalysisError, RunSet, display_uri
 from analysis.verdict import VERDICT_METRIC, WIDE_MARGIN, Margin, compare_pairs, resolve_margin
@@ -339,6 +340,7 @@ def load_protocol(ctx: Context) -> None:
     """The protocol's runs (`ctx.protocol`: stages, sizes, arms, the declared Holm family), its margin, the verdict
     table (`ctx.table`) and the n-gram floor of the seeds' data."""
     p = select(ctx.runset, ctx.given_baseline)
+    check_protocol(ctx.plan, ctx.plan_path, p.name)
     try:
         ctx.margin = resolve_margin(ctx.given_margin, p.seeds["verdict.margin"], p.seeds["verdict.margin_reason"])
     except ValueError as exc:
@@ -351,7 +353,8 @@ def load_protocol(ctx: Context) -> None:
     args = ["--filter", ctx.filter_string] if ctx.filter_string else []
     args += ["--baseline", ctx.given_baseline] if ctx.given_baseline else []
     args += ["--margin", f"{ctx.given_margin:g}"] if ctx.given_margin is not None else []
-    ctx.option_args = args + (["--paired", ctx.paired_path] if ctx.paired_path else [])
+    args += ["--paired", ctx.paired_path] if ctx.paired_path else []
+    ctx.option_args = args + (["--plan", ctx.plan_path] if ctx.plan_path else [])
 
 
 def protocol_summary(ctx: Context) -> list[str]:
@@ -477,6 +480,7 @@ def verdicts_section(ctx: Context) -> list:
             + _tokens_text(r, table) + ")" for _, r in differ.iterrows())
             + ". A quality difference mixes the architecture with its size."))
     b.extend(_machines_blocks(ctx))
+    b.extend(plan_blocks(ctx))
     b.extend(_paired_blocks(ctx))
     b.append(("p", "Machine-readable: `verdicts.csv` (every number above, unrounded)."))
     return b

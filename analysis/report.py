@@ -2,6 +2,7 @@
 
     python -m analysis.report <experiment-or-filter> [--out DIR] [--baseline VARIANT] [--tracking-uri URI]
                               [--filter FILTER] [--format png] [--format svg] [--margin M] [--paired FILE]
+                              [--plan FILE]
 
 `<experiment-or-filter>` is an MLflow experiment name, or else an MLflow search filter over all experiments
 (e.g. "tags.choice.norm = 'rmsnorm'"). The tracking URI is `--tracking-uri`, else MLFLOW_TRACKING_URI, else
@@ -18,7 +19,9 @@ compute multipliers against the baseline (analysis/scaling.py).
 When the runs come from the verdict protocol (`python -m sweeps.verdict`: tagged `verdict.protocol`), the report is
 the protocol's (analysis/protocol.py): verdicts per size from the seeds stage only, Holm within a family at a size,
 the lr search, scaling fits over the sizes. Per-run tokens/s are always labelled as runs made at different times
-(not paired); `--paired FILE` adds a paired measurement from `python -m ablations.paired --json FILE`.
+(not paired); `--paired FILE` adds a paired measurement from `python -m ablations.paired --json FILE`. A protocol's
+`--plan FILE` (`python -m sweeps.plan verdict=NAME json=FILE`) flags an arm whose seed sd exceeds the sd its seeds
+were planned for (analysis/seed_plan.py).
 
 Exit status: 0 report written; 1 report written but no run was usable (it lists what was left out and why);
 2 nothing written: no experiment / no runs matched / bad filter / unknown baseline / missing store.
@@ -40,6 +43,7 @@ from analysis.document import (fit_param, identifiability_blocks, machine_counts
 from analysis.engine import Context, Kind, build, section
 from analysis.floor import floor_for_runs, headline
 from analysis.paired import UNPAIRED, load_paired
+from analysis.seed_plan import load_plan
 from analysis.plots import loss_curves_figure, quality_figure, scaling_figure, variant_styles
 from analysis.stats import COMPARE_METRICS, FRONTIERS, SUMMARY_METRICS, variant_table
 from analysis.verdict import VERDICT_METRIC, add_verdicts, resolve_margin
@@ -496,12 +500,13 @@ ABLATION = Kind("ablation", load_ablation, lambda ctx: f"Ablation report: {ctx.r
 KINDS = {"known-results": known_results.KNOWN_RESULTS}  # chosen with --kind; else ablation or protocol by the runs
 def build_report(query: str, out: str | Path, baseline: str | None = None, tracking_uri: str | None = None,
                  filter_string: str = "", formats=("png",), margin: float | None = None,
-                 paired: str | None = None, kind: str = "auto") -> Context:
+                 paired: str | None = None, kind: str = "auto", plan: str | None = None) -> Context:
     """Read the runs, write every file of the report into `out`, return its context (`.kind` says which report:
     the protocol's when the runs come from the verdict protocol; `kind="known-results"`: analysis/known_results.py).
     Raises AnalysisError when nothing can be written (no such experiment, no runs, unknown baseline, bad margin,
     unreadable --paired file, a known-results report of runs that are no verdict protocol's, ...)."""
     paired_res = load_paired(paired) if paired else None  # a bad file fails before anything is read or written
+    plan_res = load_plan(plan) if plan else None
     runset = load_runs(query, tracking_uri, filter_string)
     if runset.runs.empty:
         raise AnalysisError(f"no runs for {runset.description} at {display_uri(runset.tracking_uri)}; "
@@ -510,8 +515,12 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
         raise AnalysisError(f"--kind known-results: the runs of {runset.description} carry no verdict.protocol tag; "
                             "report a verdict protocol's runs (python -m sweeps.verdict verdict=known-results)")
     kind = KINDS.get(kind) or (protocol.PROTOCOL if protocol.is_protocol(runset) else ABLATION)
+    if plan and kind is ABLATION:
+        raise AnalysisError(f"--plan {plan}: the runs of {runset.description} carry no verdict.protocol tag; a seed "
+                            "plan belongs to a verdict protocol's report (drop --plan)")
     ctx = Context(out=Path(out), runset=runset, query=runset.query, tracking_uri=runset.tracking_uri,
                   filter_string=filter_string, formats=tuple(formats), paired_path=paired, paired=paired_res,
+                  plan_path=plan, plan=plan_res,
                   given_baseline=baseline, given_margin=margin, kind=kind)
     return build(kind, ctx)
 
@@ -535,6 +544,9 @@ def main(argv=None) -> int:
                              "recorded before they ran, else none: no equivalence is tested)")
     parser.add_argument("--paired", default=None, metavar="FILE",
                         help="a paired throughput measurement: the JSON of python -m ablations.paired --json FILE")
+    parser.add_argument("--plan", default=None, metavar="FILE",
+                        help="a verdict protocol's seed plan: the JSON of python -m sweeps.plan verdict=NAME "
+                             "json=FILE; the verdicts flag an arm whose seed sd exceeds the sd it was planned for")
     parser.add_argument("--kind", default="auto", choices=("auto", *KINDS),
                         help="the report kind (default: ablation, or protocol when the runs carry verdict.protocol; "
                              "known-results: the published findings of analysis/literature.py against a protocol's "
@@ -544,7 +556,7 @@ def main(argv=None) -> int:
     try:
         ctx = build_report(args.query, out, baseline=args.baseline, tracking_uri=args.tracking_uri,
                            filter_string=args.filter, formats=tuple(args.formats or ("png",)),
-                           margin=args.margin, paired=args.paired, kind=args.kind)
+                           margin=args.margin, paired=args.paired, kind=args.kind, plan=args.plan)
     except AnalysisError as exc:
         print(f"analysis.report: error: {exc}", file=sys.stderr)
         return 2

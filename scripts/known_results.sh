@@ -39,7 +39,10 @@ if [[ $report_only == 0 ]]; then
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
+# the seed plan (from the committed pilot: what the protocol ran on), and as JSON the sds each arm's seeds were
+# planned for, which the report's verdicts check the observed sds against
+python -m sweeps.plan verdict=$name pilot_uri=sqlite:///study/recipe-pilot/mlflow.db json="reports/$name/plan.json" \
+  > "reports/$name/plan.txt"
 rm -rf "reports/$name/report"
 MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report $name --kind known-results \
-  --out "reports/$name/report" --paired "reports/$name/paired.json"
-python -m sweeps.plan verdict=$name pilot_uri=sqlite:///study/recipe-pilot/mlflow.db > "reports/$name/plan.txt"
+  --out "reports/$name/report" --paired "reports/$name/paired.json" --plan "reports/$name/plan.json"

@@ -34,9 +34,12 @@ if [[ $report_only == 0 ]]; then
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
+# the plan the protocol ran on (plan.sd of conf/verdict/third-study.yaml), as JSON: the sds each arm's seeds were
+# planned for, which the report's verdicts check the observed sds against
+python -m sweeps.plan verdict=third-study json=reports/third-study/plan.json > /dev/null
 rm -rf reports/third-study/report
 MLFLOW_TRACKING_URI="sqlite:///study/third-study/mlflow.db" python -m analysis.report third-study --out reports/third-study/report \
-  --paired reports/third-study/paired.json
+  --paired reports/third-study/paired.json --plan reports/third-study/plan.json
 # what the study's own seed spread says it would take (the planner with this store as the pilot, not plan.sd)
 python -m sweeps.plan verdict=third-study pilot=third-study pilot_uri=sqlite:///study/third-study/mlflow.db sd=null \
   > reports/third-study/plan.txt

@@ -19,13 +19,17 @@ per run; wall time: that budget over the arm's measured training FLOP/s in the p
 plus the pilot's measured per-run start-up (wall_sec minus training time), divided over `workers` processes.
 
 Defaults come from the verdict file's `plan:` block; `verdict.seeds: plan` makes the protocol take its seed counts
-from here (the largest of its arms' needs at each size, capped at plan.max_seeds).
+from here (the largest of its arms' needs at each size, capped at plan.max_seeds). `json=FILE` also writes the sd
+each arm's seeds are planned for (`planned`), which the protocol's report takes with `--plan FILE` to flag an arm
+whose observed seed sd exceeds it.
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -253,6 +257,22 @@ def render(p, s: dict, rows: list[dict]) -> list[str]:
     return lines
 
 
+def planned(p, s: dict, rows: list[dict]) -> dict:
+    """The sds each (size, arm)'s seeds are planned for, as JSON for `python -m analysis.report --plan FILE`: the
+    spread at plan.sd_at (the estimate, or its 80% upper bound when estimated), for the arm and its baseline, and
+    whether the comparison is primary (its seeds come from the plan; a secondary size gets plan.secondary_seeds)."""
+    seeds = plan_seeds_from_rows(p, s, rows)
+
+    def at(sd: float, df: int) -> float:
+        return sd_upper(sd, df) if s["sd_at"] == "upper" and df else sd
+
+    return {"tool": "sweeps.plan", "protocol": p.name, "sd_at": s["sd_at"], "sd_given": s["sd"], "seeds": seeds,
+            "rows": [{"size": r["size"], "arm": r["arm"], "primary": _is_primary(p, r["arm"], r["size"]),
+                      "sd_arm": at(r["sd_arm"], r["df_arm"]), "sd_baseline": at(r["sd_baseline"], r["df_baseline"]),
+                      "sd_arm_estimate": r["sd_arm"], "sd_baseline_estimate": r["sd_baseline"],
+                      "sd_source": r["sd_source"]} for r in rows]}
+
+
 def plan_seeds_from_rows(p, s: dict, rows: list[dict]) -> dict[str, int]:
     out = {}
     for size in p.sizes:
@@ -272,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     own = {k: yaml.safe_load(v) for k, _, v in (a.partition("=") for a in argv) if k in OWN_KEYS}
-    rest = [a for a in argv if a.partition("=")[0] not in OWN_KEYS]
+    json_path = next((v for k, _, v in (a.partition("=") for a in argv) if k == "json"), None)
+    rest = [a for a in argv if a.partition("=")[0] not in (*OWN_KEYS, "json")]
 
     def go() -> int:
         p = load_spec(rest)  # `seeds: plan` is what this prints, never read here
@@ -283,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, LookupError) as e:
             raise VerdictError(str(e)) from None
         print("\n".join(render(p, s, rows)))
+        if json_path:
+            try:
+                Path(json_path).write_text(json.dumps(planned(p, s, rows), indent=1) + "\n")
+            except OSError as e:
+                raise VerdictError(f"json={json_path}: cannot write it ({e.strerror}); give a path in an existing "
+                                   "folder") from None
         return 0
 
     return exit_code(go)

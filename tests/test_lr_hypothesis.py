@@ -65,7 +65,42 @@ def test_page_states_the_hypothesis_and_each_verdict():
     text = lh.page(lh.judge(cur, opt, lt.transfer(opt)), "..")
     assert "## Hypothesis (stated before the runs)" in text
     assert "![the earlier study's figure](../lr_transfer.svg)" in text
-    assert "- **(b) held** for AdamW: at width 256, μP at the transferred lr 0.00781 reaches 2.300, SP at its best " \
-           "lr 0.00391 2.305: μP minus SP -0.005 against a seed range of 0.010." in text
-    assert "- **(c) held** for AdamW: mean loss from the narrowest to the widest width at each lr, lr 0.00391: " \
-           "2.600 → 2.500 → 2.400;" in text
+    assert "- **(b) held** for AdamW: at width 256 (final val loss, nats per token), μP at the transferred lr " \
+           "0.00781 reaches 2.300, SP at its best lr 0.00391 2.305: μP minus SP -0.005 against a seed range of 0.010 " \
+           "(the transferred lr is μP's own best there)." in text
+    assert "- **(c) held** for AdamW: mean final val loss (nats per token) from the narrowest to the widest width at " \
+           "each lr, lr 0.00391: 2.600 → 2.500 → 2.400;" in text
+    # every step 0.1 lower, ten times the seed range: the symmetric rule agrees, so no second reading is printed
+    assert "(the rule counts a step as better on its sign alone but as worse only beyond the seed range: 6 of 6 " \
+           "steps lower, 6 by more than their seed range)." in text
+
+
+def sentences(best, level) -> dict[str, tuple[str, str]]:
+    cur = lt.curves(points(best, level))
+    opt = lt.optima(cur)
+    return {part: (verdict, sentence) for _, part, verdict, sentence in lh.judge(cur, opt, lt.transfer(opt))}
+
+
+def test_c_states_its_asymmetry_and_what_the_symmetric_rule_would_say():
+    # each doubling 0.004 lower at every lr, inside the seed range (0.01): better by its sign (the rule fixed before
+    # the runs: held), but not beyond the range, so better-only-beyond-the-range would leave (c) not established
+    level = {("mup", 32): 2.5, ("mup", 64): 2.496, ("mup", 256): 2.492, ("sp", 32): 2.5, ("sp", 64): 2.4,
+             ("sp", 256): 2.3}
+    verdict, sentence = sentences({**MUP_FLAT, ("sp", 32): 2, ("sp", 64): 1, ("sp", 256): 1}, level)["c"]
+    assert verdict == "held"
+    assert sentence.endswith("(the rule counts a step as better on its sign alone but as worse only beyond the seed "
+                             "range: 6 of 6 steps lower, 0 by more than their seed range; better only beyond the seed "
+                             "range too would make (c) not established)")
+
+
+def test_b_gives_mup_at_its_own_best_lr_beside_the_transferred_one():
+    # mup's optimum at 256 is one step above the transferred lr (step 3, 2^-6): at the transferred lr mup is
+    # 2.3 + 0.1 = 2.4, at its own best 2.3; sp's best at 256 is 2.25: +0.150 at the transferred lr, +0.050 at its own
+    level = {("mup", 32): 2.5, ("mup", 64): 2.4, ("mup", 256): 2.3, ("sp", 32): 2.5, ("sp", 64): 2.4,
+             ("sp", 256): 2.25}
+    verdict, sentence = sentences({("mup", 32): 2, ("mup", 64): 2, ("mup", 256): 3, ("sp", 32): 2, ("sp", 64): 1,
+                                   ("sp", 256): 1}, level)["b"]
+    assert verdict == "failed"
+    assert sentence == ("at width 256 (final val loss, nats per token), μP at the transferred lr 0.00781 reaches "
+                        "2.400, SP at its best lr 0.00391 2.250: μP minus SP +0.150 against a seed range of 0.010; "
+                        "at its own best lr 0.0156 μP reaches 2.300, +0.050 from SP")

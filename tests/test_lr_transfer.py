@@ -130,6 +130,9 @@ def test_report_is_regenerated_byte_for_byte(store, tmp_path):
     assert "| Muon | SP | 2 (4x) | +1 | 1 | 1 | no | 0.020 | not established |" in text
     assert text.startswith("# Learning-rate transfer across width: SP and μP, AdamW and Muon\n")
     assert "`scripts/lr_transfer.sh --report` regenerates" in text
+    # its losses are nats per token, not the bits per byte of the verdict reports beside it: every table says so
+    assert "| max seed range at optimum (nats per token) |" in text and "| mean loss (nats per token) |" in text
+    assert "Mean [min, max] over seeds, nats per token." in text
 
 
 def test_the_page_names_its_own_script_and_optimizers(store, tmp_path):
