@@ -39,6 +39,7 @@ from .metrics import MetricsCallback, measure_peak_flops
 from .progress import LineProgress, line_every, wants_lines
 from .repro import cpu_model, derived_seed, environment_tags, seed_all
 from .schedule import build_lr_lambda
+from .sharding import FSDP, NAME as FSDP_NAME, check_fsdp
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -132,7 +133,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
     budget = apply_budget(cfg, model, shape)      # a compute budget sets trainer.max_steps
     accounting = count(model, hw, budget)         # params, FLOPs and KV-cache bytes per token
     ckpt = plan_checkpoints(cfg)                  # after the budget: max_steps is part of the config hash
-    lit = build_lit_module(cfg, model, data, ckpt)
+    lit = build_lit_module(cfg, model, data, ckpt, hw)
     resumed = check_resume(ckpt, lit, data)       # the resumed checkpoint's record, or None
     datamodule = TokenDataModule(data, shape.block_size, shape.batch_size, int(cfg.seed),
                                  int(cfg.data.get("val_windows", 128)))
@@ -192,6 +193,8 @@ def check_config(cfg: DictConfig) -> StepShape:
         raise ConfigError(f"compile={cfg.get('compile')!r} must be true or false")
     build_lr_lambda(cfg.optim, ms)  # a bad optim.schedule/warmup_frac/decay_frac fails here, before any run exists
     devices = t.get("devices", 1)
+    if t.get("strategy") == FSDP_NAME:
+        check_fsdp(cfg)
     n_dev = devices if isinstance(devices, int) and devices > 0 else 1  # "auto", a list of ids: one per node
     return StepShape(bs, int(cfg.model.block_size), acc, n_dev * int(t.get("num_nodes", 1)))
 
@@ -295,12 +298,12 @@ def plan_checkpoints(cfg: DictConfig) -> CheckpointPlan:
             log.info("resume=auto: no checkpoint in %s, starting fresh", ckpt_dir)
     elif resume:
         path = Path(str(resume)).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"resume={resume}: no such checkpoint file: use resume=auto or an existing .ckpt path")
+        if not path.exists():  # a file, or a sharded checkpoint's folder (trainer.strategy=fsdp)
+            raise ConfigError(f"resume={resume}: no such checkpoint: use resume=auto or an existing .ckpt path")
     return CheckpointPlan(chash, ckpt_dir, path, source)
 
 
-def build_lit_module(cfg: DictConfig, model: GPT, data: TokenData, ckpt: CheckpointPlan) -> LitGPT:
+def build_lit_module(cfg: DictConfig, model: GPT, data: TokenData, ckpt: CheckpointPlan, hw: Hardware) -> LitGPT:
     """The LightningModule; `meta` goes into every checkpoint, to check a resume against."""
     tok = data.tokenizer
     meta = {"tokenizer": tok.identity(), "tokenizer_hash": tok.hash, "config_hash": ckpt.config_hash,
@@ -308,6 +311,8 @@ def build_lit_module(cfg: DictConfig, model: GPT, data: TokenData, ckpt: Checkpo
     lit = LitGPT(model, OmegaConf.to_container(cfg.optim, resolve=True), int(cfg.trainer.max_steps), meta)
     if cfg.get("compile"):
         lit.compile_model = True
+    if cfg.trainer.get("strategy") == FSDP_NAME:
+        lit.shard_precision = hw.precision
     return lit
 
 
@@ -316,7 +321,7 @@ def check_resume(ckpt: CheckpointPlan, lit: LitGPT, data: TokenData) -> dict | N
     if ckpt.resume_from is None:
         return None
     ck = load_resumable(ckpt.resume_from)
-    check_compatible(ck, ckpt.resume_from, lit, data.tokenizer)
+    check_compatible(ck, ckpt.resume_from, lit, data.tokenizer, sharded=lit.shard_precision is not None)
     if _env_rank() == 0:
         print(resumed_line(ck["ablations"], ckpt.resume_from, ckpt.source), flush=True)
     return ck["ablations"]
@@ -343,6 +348,8 @@ def build_trainer(cfg: DictConfig, hw: Hardware, ckpt: CheckpointPlan, metrics: 
     tk.pop("budget", None)  # ours, not Lightning's: already turned into max_steps
     if tk.get("limit_val_batches") is None:
         tk.pop("limit_val_batches", None)
+    if tk.get("strategy") == FSDP_NAME:  # FSDP2 (ablations/sharding.py), not Lightning's FSDP1 of that name
+        tk["strategy"] = FSDP(int(tk.get("devices")) * int(tk.get("num_nodes", 1)))
     ours = [metrics, ckpt_cb]
     if tk.get("enable_progress_bar", True) and wants_lines():  # a log file: lines, not a carriage-return stream
         tk["enable_progress_bar"] = False
