@@ -143,7 +143,7 @@ def multirun(tmp_path_factory, shakespeare_path):
 # the groups with the most tests, which here are the quick ones). The order is only balance: a module missing from
 # LONGEST_FIRST runs after those listed, and every test passes in any order.
 SHARED_GROUPS = {"test_harness_run": "multirun", "test_context_length": "multirun"}  # the `multirun` fixture
-LONGEST_FIRST = ("test_tracking_server", "test_fsdp", "multirun", "test_verdict_protocol", "test_sweeps_postgres",
+LONGEST_FIRST = ("test_tracking_server", "test_fsdp", "test_nodes", "multirun", "test_verdict_protocol", "test_sweeps_postgres",
                  "test_analysis_real", "test_verdict_transfer", "test_sweeps_sqlite", "test_sweep_workers",
                  "test_data_shards", "test_mup", "test_protocol_report", "test_export", "test_optim", "test_paired",
                  "test_sweeps_unit", "test_known_results", "test_tracking_faults", "test_verdict_lr_seeds",
