@@ -94,6 +94,8 @@ class LitGPT(pl.LightningModule):
         self.error_relay: str | None = None
         # trainer.strategy=fsdp: the run's precision, for FSDP2's mixed-precision policy (None: not sharded)
         self.shard_precision: str | None = None
+        self.activation_checkpointing = False  # activation_checkpointing=true: applied in configure_model
+        self._checkpointed = False
 
     def __getstate__(self):  # ddp_spawn pickles the module: compile in the worker
         d = super().__getstate__()
@@ -114,8 +116,12 @@ class LitGPT(pl.LightningModule):
 
     def configure_model(self):
         # ModelParallelStrategy calls this on every rank once its device mesh exists (ablations/sharding.py)
+        from .memory import checkpoint_blocks
         from .sharding import is_sharded, shard_model
 
+        if self.activation_checkpointing and not self._checkpointed:  # before sharding: FSDP2 wraps the result
+            checkpoint_blocks(self.model)
+            self._checkpointed = True
         if self.shard_precision is not None and not is_sharded(self.model):
             shard_model(self.model, self.device_mesh["data_parallel"], self.shard_precision)
 

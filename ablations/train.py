@@ -34,6 +34,7 @@ from .generate import sample_text
 from .inference_timing import generation_benchmark
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
 from .malloc import keep_freed_memory
+from .memory import GiB, MemoryEstimate, device_memory, estimate
 from .optim import run_params
 from .metrics import MetricsCallback, measure_peak_flops
 from .progress import LineProgress, line_every, wants_lines
@@ -130,6 +131,7 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
     model = build_model(cfg)                      # seeded init; the optimizer config checked against it
     hw = resolve_hardware(cfg)
     peak = peak_flops(cfg, hw, shape)             # configured, or measured on this machine
+    check_memory(cfg, model, hw, shape)           # the estimate per device, refused when over the device's memory
     budget = apply_budget(cfg, model, shape)      # a compute budget sets trainer.max_steps
     accounting = count(model, hw, budget)         # params, FLOPs and KV-cache bytes per token
     ckpt = plan_checkpoints(cfg)                  # after the budget: max_steps is part of the config hash
@@ -191,6 +193,8 @@ def check_config(cfg: DictConfig) -> StepShape:
         raise ConfigError(f"resume={cfg.get('resume')!r}: use resume=auto, resume=PATH_TO_CKPT, or leave it null")
     if cfg.get("compile") not in (True, False):
         raise ConfigError(f"compile={cfg.get('compile')!r} must be true or false")
+    if cfg.get("activation_checkpointing", False) not in (True, False):
+        raise ConfigError(f"activation_checkpointing={cfg.get('activation_checkpointing')!r} must be true or false")
     build_lr_lambda(cfg.optim, ms)  # a bad optim.schedule/warmup_frac/decay_frac fails here, before any run exists
     devices = t.get("devices", 1)
     if t.get("strategy") == FSDP_NAME:
@@ -266,6 +270,27 @@ def peak_flops(cfg: DictConfig, hw: Hardware, shape: StepShape) -> Peak:
     return Peak(peak * (shape.world if hw.accelerator == "cuda" else 1), source)
 
 
+def check_memory(cfg: DictConfig, model: GPT, hw: Hardware, shape: StepShape) -> MemoryEstimate:
+    """The memory per device the run needs (ablations/memory.py), printed once; over the device's memory, one
+    line with the ways to make it fit."""
+    ckpt_on = bool(cfg.get("activation_checkpointing", False))
+    sharded = cfg.trainer.get("strategy") == FSDP_NAME
+    est = estimate(model.config, shape.batch_size, shards=shape.world if sharded else 1,
+                   compute_bytes=4 if hw.infer_dtype == torch.float32 else 2, checkpointing=ckpt_on)
+    have, where = device_memory(hw.accelerator, shape.world // int(cfg.trainer.get("num_nodes", 1)))
+    if _env_rank() == 0:
+        print(f"[ablations] memory: {est.line()}; {where} has {have / GiB:.1f} GiB", flush=True)
+    if est.total > have:
+        fixes = ["a smaller data.batch_size with a larger trainer.accumulate_grad_batches (the same global batch)"]
+        if not ckpt_on:
+            fixes.append("activation_checkpointing=true")
+        fixes.append("more devices with trainer=fsdp" if sharded else "trainer=fsdp (sharded over more devices)")
+        raise ConfigError(f"the run needs ~{est.total / GiB:.1f} GiB per device (data.batch_size="
+                          f"{shape.batch_size}, model.block_size={shape.block_size}) but {where} has "
+                          f"{have / GiB:.1f} GiB: use {', or '.join(fixes)}")
+    return est
+
+
 def apply_budget(cfg: DictConfig, model: GPT, shape: StepShape) -> float | None:
     """trainer.budget.flops / tokens_per_param -> trainer.max_steps from this model's own FLOPs per token, so arms
     and sizes are compared at matched compute (ablations/budget.py). Returns the budget in FLOPs (None: none)."""
@@ -313,6 +338,7 @@ def build_lit_module(cfg: DictConfig, model: GPT, data: TokenData, ckpt: Checkpo
         lit.compile_model = True
     if cfg.trainer.get("strategy") == FSDP_NAME:
         lit.shard_precision = hw.precision
+    lit.activation_checkpointing = bool(cfg.get("activation_checkpointing", False))
     return lit
 
 
