@@ -48,8 +48,12 @@ class MemoryEstimate:
         return self.params + self.grads + self.optimizer + self.gathered + self.activations
 
     def line(self) -> str:
-        parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in asdict(self).items())
-        return f"{self.total / GiB:.2f} GiB per device ({parts})"
+        parts = ", ".join(f"{k} {size(v)}" for k, v in asdict(self).items())
+        return f"{size(self.total)} per device ({parts})"
+
+
+def size(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
 
 
 def _layer_widths(model) -> tuple[int, int]:

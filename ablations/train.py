@@ -34,7 +34,7 @@ from .generate import sample_text
 from .inference_timing import generation_benchmark
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
 from .malloc import keep_freed_memory
-from .memory import GiB, MemoryEstimate, device_memory, estimate
+from .memory import MemoryEstimate, device_memory, estimate, size
 from .optim import run_params
 from .metrics import MetricsCallback, measure_peak_flops
 from .progress import LineProgress, line_every, wants_lines
@@ -279,15 +279,15 @@ def check_memory(cfg: DictConfig, model: GPT, hw: Hardware, shape: StepShape) ->
                    compute_bytes=4 if hw.infer_dtype == torch.float32 else 2, checkpointing=ckpt_on)
     have, where = device_memory(hw.accelerator, shape.world // int(cfg.trainer.get("num_nodes", 1)))
     if _env_rank() == 0:
-        print(f"[ablations] memory: {est.line()}; {where} has {have / GiB:.1f} GiB", flush=True)
+        print(f"[ablations] memory: {est.line()}; {where} has {size(have)}", flush=True)
     if est.total > have:
         fixes = ["a smaller data.batch_size with a larger trainer.accumulate_grad_batches (the same global batch)"]
         if not ckpt_on:
             fixes.append("activation_checkpointing=true")
         fixes.append("more devices with trainer=fsdp" if sharded else "trainer=fsdp (sharded over more devices)")
-        raise ConfigError(f"the run needs ~{est.total / GiB:.1f} GiB per device (data.batch_size="
-                          f"{shape.batch_size}, model.block_size={shape.block_size}) but {where} has "
-                          f"{have / GiB:.1f} GiB: use {', or '.join(fixes)}")
+        raise ConfigError(f"the run needs ~{size(est.total)} per device (data.batch_size={shape.batch_size}, "
+                          f"model.block_size={shape.block_size}) but {where} has {size(have)}: use "
+                          f"{', or '.join(fixes)}")
     return est
 
 
