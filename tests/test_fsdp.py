@@ -125,6 +125,76 @@ def test_sharded_resume_across_world_sizes_is_one_exact_run(tmp_path, shakespear
     assert_same_trajectory(losses(tmp_path, res["run_id"], "val/loss"), reference["default"][1], (10, 20))
 
 
+def _variant_worker(rank: int, world: int, port: int, configs: list, out: str) -> None:
+    """One rank: each config's GPT sharded by ablations.sharding.shard_model, one forward and backward on this
+    rank's half of a batch; rank 0 compares the reduced gradients with one process's on the whole batch."""
+    import json
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ablations.sharding import shard_model
+    from modules.config import GPTConfig
+    from modules.gpt import GPT
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    worst = []
+
+    def loss_of(model, x, y):
+        logits = model(x)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+
+    for d in configs:
+        cfg = GPTConfig.from_dict(d)
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        x = torch.randint(0, cfg.vocab_size, (4, 17), generator=torch.Generator().manual_seed(1))
+        x, y = x[:, :-1], x[:, 1:]  # (4, 16) inputs, targets shifted by one
+        ref = GPT(cfg)
+        ref.load_state_dict(model.state_dict())
+        shard_model(model, mesh, "32-true")
+        loss_of(model, x[2 * rank:2 * rank + 2], y[2 * rank:2 * rank + 2]).backward()
+        got = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # collective: all ranks
+               for n, p in model.named_parameters()}
+        if rank == 0:
+            loss_of(ref, x, y).backward()
+            worst.append(max(float((got[n] - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-12))
+                             for n, p in ref.named_parameters()))
+    if rank == 0:
+        Path(out).write_text(json.dumps(worst))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_every_variant_shards_and_its_gradient_is_one_process_s(tmp_path):
+    """Every variant YAML (MLA, GQA, MQA, sliding, every position, norm and MLP; tied and untied heads) sharded per
+    block over 2 gloo processes, each on half the batch: the reduced gradient of every parameter equals one
+    process's on the whole batch (float32, relative to the parameter's largest gradient)."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+    from test_model_contract import EXTRA_CASES, YAML_CASES, _with_window, composed
+
+    from modules.config import GPTConfig
+
+    cases = [_with_window(c) for c in YAML_CASES + EXTRA_CASES]
+    configs = [GPTConfig.from_dict(composed(tuple(c)).model).to_dict() for c in cases]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.start_processes(_variant_worker, args=(2, port, configs, str(tmp_path / "worst.json")), nprocs=2,
+                       start_method="spawn")
+    worst = json.loads((tmp_path / "worst.json").read_text())
+    assert len(worst) == len(cases)
+    bad = [(c, w) for c, w in zip(cases, worst) if not w < 1e-5]
+    assert not bad, bad
+
+
 def test_muon_under_fsdp_is_refused_in_one_line(shakespeare_path, tmp_path):
     from hydra import compose, initialize_config_dir
 
