@@ -53,3 +53,33 @@ def test_a_run_that_will_not_fit_is_refused_in_one_line(tmp_path):
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("the run needs ~") and "data.batch_size=4096" in msg
     assert "trainer.accumulate_grad_batches" in msg and "activation_checkpointing=true" in msg and "trainer=fsdp" in msg
+
+
+def test_activation_checkpointing_keeps_less_and_changes_nothing_else():
+    """checkpoint_blocks: the same loss and gradients as the plain model, the same parameter names (checkpoints
+    stay loadable), and autograd keeps fewer bytes for the backward (each block keeps only its input)."""
+    import torch.nn.functional as F
+
+    from ablations.memory import checkpoint_blocks
+    from modules.gpt import GPT
+
+    def run(checkpointed: bool):
+        torch.manual_seed(0)
+        model = GPT(TINY)
+        if checkpointed:
+            checkpoint_blocks(model)
+        x = torch.randint(0, TINY.vocab_size, (4, 33), generator=torch.Generator().manual_seed(1))
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel() * t.element_size()) or t,
+                                                      lambda t: t):
+            logits = model(x[:, :-1])
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+        loss.backward()
+        return loss.item(), {n: p.grad for n, p in model.named_parameters()}, sum(kept)
+
+    loss, grads, kept = run(False)
+    loss_c, grads_c, kept_c = run(True)
+    assert loss_c == loss and grads_c.keys() == grads.keys()
+    for n in grads:
+        torch.testing.assert_close(grads_c[n], grads[n], rtol=1e-6, atol=1e-7)
+    assert kept_c < 0.6 * kept, (kept_c, kept)
