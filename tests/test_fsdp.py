@@ -94,9 +94,10 @@ def test_fsdp_two_processes_follow_one_process(tmp_path, shakespeare_path, train
 
 @pytest.mark.slow
 def test_sharded_resume_across_world_sizes_is_one_exact_run(tmp_path, shakespeare_path, train_here, reference):
-    """The default model on 2 processes killed after step 7 (checkpoint at 5) -> resumed on 1, killed after 12
-    (checkpoint at 10) -> resumed on 2 to step 20: one MLflow run whose every step's loss equals the uninterrupted
-    one-process run's (so it is also the default model's FSDP-against-one-process test)."""
+    """The default model on 2 processes killed after step 7 (checkpoint at 5) -> resumed on 1 (resume=PATH),
+    killed after 12 (checkpoint at 10) -> the same command with resume=auto, killed after 16 (checkpoint at 15) ->
+    resumed on 2 to step 20: one MLflow run whose every step's loss equals the uninterrupted one-process run's
+    (so it is also the default model's FSDP-against-one-process test)."""
     from faults import KillAt
     from mlflow import MlflowClient
 
@@ -112,13 +113,16 @@ def test_sharded_resume_across_world_sizes_is_one_exact_run(tmp_path, shakespear
         train_here(tmp_path, [*one_process(tmp_path, shakespeare_path), f"resume={first}"])
     with pytest.raises(Exception):
         segment(1, "b", f"resume={first}", callbacks=[KillAt(12)])
-    (second,) = (tmp_path / "b").glob("*/last.ckpt")
-    res = segment(2, "c", f"resume={second}")
+    with pytest.raises(Exception):  # resume=auto finds this config's link to its step-10 folder
+        segment(1, "b", "resume=auto", callbacks=[KillAt(16)])
+    (third,) = (tmp_path / "b").glob("*/last.ckpt")
+    assert os.readlink(third).startswith("shards-15-")
+    res = segment(2, "c", f"resume={third}")
 
     cl = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = cl.search_runs([cl.get_experiment_by_name("ablations").experiment_id])
     assert run.info.run_id == res["run_id"] and run.info.status == "FINISHED"
-    assert run.data.tags["resumed_from_step"] == "10"
+    assert run.data.tags["resumed_from_step"] == "15"
     got = losses(tmp_path, res["run_id"])
     assert sorted(got) == list(range(1, STEPS + 1))
     assert_same_trajectory(got, reference["default"][0], range(1, STEPS + 1))
