@@ -10,6 +10,7 @@ import io
 import logging
 import os
 import pickle
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from .errors import CheckpointError, one_line
 from .sources import atomic_write_bytes
 
 FINAL_FORMAT = "ablations-final-v1"
+SHARDED_META = "meta.pt"  # Lightning's file of a sharded checkpoint folder: everything but the weights and moments
 LAST_ARTIFACT = "checkpoints/last.ckpt"  # the resumable checkpoint as a run artifact (tracking.log_checkpoints)
 
 log = logging.getLogger("ablations")
@@ -31,25 +33,46 @@ _BAD_CHECKPOINT = (OSError, EOFError, RuntimeError, ValueError, pickle.Unpicklin
 
 
 def load_resumable(path: Path) -> dict:
+    """The checkpoint's record: Lightning's dict (torch.load, weights_only) with its `state_dict` shapes under
+    "shapes"; for a sharded checkpoint, a folder, its metadata file and the shapes its shards were cut from."""
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+        ck = _load_sharded(path) if path.is_dir() else torch.load(path, map_location="cpu", weights_only=True)
     except _BAD_CHECKPOINT as e:
         raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint of this harness "
                               f"({one_line(e)[:160]}): delete it, or start fresh with resume=null") from None
-    if not isinstance(ck, dict) or "state_dict" not in ck or "ablations" not in ck:
+    if not isinstance(ck, dict) or "ablations" not in ck or ("state_dict" not in ck and "shapes" not in ck):
         raise CheckpointError(f"checkpoint {path} is not a resumable checkpoint of this harness (no state_dict/"
                               f"ablations record): resume from a <checkpoint.dir>/<hash>/last.ckpt, or use resume=null")
+    ck.setdefault("shapes", {k: tuple(v.shape) for k, v in ck.get("state_dict", {}).items()})
     return ck
 
 
-def check_compatible(ck: dict, path: Path, lit, tok) -> None:
+def _load_sharded(path: Path) -> dict:
+    """A sharded checkpoint (trainer.strategy=fsdp): Lightning's SHARDED_META (loops, schedules, callbacks, our
+    record) and each weight's full shape from torch.distributed.checkpoint's metadata; no shard is read."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    ck = torch.load(path / SHARDED_META, map_location="cpu", weights_only=True)
+    md = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    if isinstance(ck, dict):
+        ck["shapes"] = {k.removeprefix("state_dict."): tuple(v.size) for k, v in md.items()
+                        if k.startswith("state_dict.")}
+    return ck
+
+
+def check_compatible(ck: dict, path: Path, lit, tok, sharded: bool) -> None:
+    """`ck` (load_resumable's) against this model, tokenizer and strategy: the first difference in one line."""
     meta = ck["ablations"]
+    if path.is_dir() != sharded:
+        saved, fix = ("sharded (trainer.strategy=fsdp)", "trainer=fsdp (any trainer.devices)") if path.is_dir() \
+            else ("unsharded (one file)", "the trainer it was saved with (not trainer=fsdp)")
+        raise CheckpointError(f"checkpoint {path} is {saved}: resume it with {fix}, or start fresh with resume=null")
     if meta.get("tokenizer_hash") != tok.hash:
         raise CheckpointError(f"checkpoint {path} was trained with tokenizer {meta.get('tokenizer')!r} "
                               f"(hash {str(meta.get('tokenizer_hash'))[:12]}), this config uses {tok.name} "
                               f"(hash {tok.hash[:12]}): resume with the same tokenizer and data, or resume=null")
     mine = {k: tuple(v.shape) for k, v in lit.state_dict().items()}
-    theirs = {k: tuple(v.shape) for k, v in ck["state_dict"].items()}
+    theirs = ck["shapes"]
     if mine != theirs:
         diff = sorted(set(mine) ^ set(theirs)) or [k for k in mine if mine[k] != theirs[k]]
         k = diff[0]
@@ -98,14 +121,18 @@ class AtomicCheckpoint(pl.Callback):
         step = trainer.global_step
         if step == self._last_saved:
             return
-        tmp = self.dirpath / f".last.ckpt.tmp-{os.getpid()}"
+        sharded = is_sharding(trainer.strategy)  # a folder of one shard per rank (rank 0's name: it is broadcast)
+        tmp = self.dirpath / (f"shards-{step}-{os.getpid()}" if sharded else f".last.ckpt.tmp-{os.getpid()}")
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
         trainer.strategy.barrier("ablations.ckpt.mkdir")
         t0 = time.perf_counter()
         trainer.save_checkpoint(tmp, weights_only=False)
         if trainer.is_global_zero:
-            os.replace(tmp, self.last_path)
+            if sharded:
+                publish_folder(tmp, self.last_path)
+            else:
+                os.replace(tmp, self.last_path)
             if self.upload:
                 self.log_artifact()
         trainer.strategy.barrier("ablations.ckpt.replace")
@@ -122,9 +149,13 @@ class AtomicCheckpoint(pl.Callback):
         run_id = getattr(self.metrics, "run_id", None)
         if not run_id:
             return
+        cl, last = MlflowClient(tracking_uri=self.metrics.uri), self.last_path
         try:
-            self.metrics.call(MlflowClient(tracking_uri=self.metrics.uri).log_artifact, run_id,  # outage-bounded
-                              str(self.last_path), artifact_path=str(Path(LAST_ARTIFACT).parent))
+            if last.is_dir():  # sharded: the folder's files under checkpoints/last.ckpt/
+                self.metrics.call(cl.log_artifacts, run_id, str(last.resolve()), artifact_path=LAST_ARTIFACT)
+            else:
+                self.metrics.call(cl.log_artifact, run_id, str(last),  # outage-bounded
+                                  artifact_path=str(Path(LAST_ARTIFACT).parent))
         except (MlflowException, OSError) as e:
             log.warning("could not log %s as artifact %s of run %s: %s", self.last_path, LAST_ARTIFACT, run_id,
                         one_line(e)[:200])
@@ -136,6 +167,27 @@ class AtomicCheckpoint(pl.Callback):
 
     def on_train_end(self, trainer, pl_module):
         self.save(trainer)
+
+
+def is_sharding(strategy) -> bool:
+    from .sharding import FSDP
+
+    return isinstance(strategy, FSDP)
+
+
+def publish_folder(folder: Path, last: Path) -> None:
+    """Make `last` name the complete checkpoint `folder` atomically: `last` is a symbolic link to it (a folder cannot
+    be os.replace'd over another), swapped in one os.replace; then the folders it no longer names (the previous
+    checkpoint, a save a kill left unfinished) are removed. At every instant `last` names a complete checkpoint."""
+    link = last.parent / f".{last.name}.link-{os.getpid()}"
+    link.unlink(missing_ok=True)
+    os.symlink(folder.name, link)
+    if last.is_dir() and not last.is_symlink():  # a folder fetched from a run's artifacts: replaced by the link
+        shutil.rmtree(last)
+    os.replace(link, last)
+    for old in last.parent.glob("shards-*"):
+        if old.name != folder.name:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def final_checkpoint(model, model_dict: dict, tok, config_yaml: str, step: int, run_id: str) -> dict:
@@ -152,7 +204,7 @@ def locate_auto(ckpt_dir: Path, uri: str, tracking_cfg, config_hash: str) -> tup
     from .tracking import logs_checkpoints
 
     last = ckpt_dir / "last.ckpt"
-    if last.is_file():
+    if last.exists():  # a file, or (sharded) a link to a folder
         return last, None
     if not logs_checkpoints(tracking_cfg.get("log_checkpoints"), uri):
         return None, None

@@ -92,6 +92,10 @@ class LitGPT(pl.LightningModule):
         self._compiled = None
         # set by train(): where a ddp_spawn worker leaves its harness error for the parent (see _relay)
         self.error_relay: str | None = None
+        # trainer.strategy=fsdp: the run's precision, for FSDP2's mixed-precision policy (None: not sharded)
+        self.shard_precision: str | None = None
+        self.activation_checkpointing = False  # activation_checkpointing=true: applied in configure_model
+        self._checkpointed = False
 
     def __getstate__(self):  # ddp_spawn pickles the module: compile in the worker
         d = super().__getstate__()
@@ -109,6 +113,25 @@ class LitGPT(pl.LightningModule):
         if self.compile_model and self._compiled is None:
             # not registered as a submodule: state_dict keys stay those of the eager model
             object.__setattr__(self, "_compiled", torch.compile(self.model))
+
+    def configure_model(self):
+        # ModelParallelStrategy calls this on every rank once its device mesh exists (ablations/sharding.py)
+        from .memory import checkpoint_blocks
+        from .sharding import is_sharded, shard_model
+
+        if self.activation_checkpointing and not self._checkpointed:  # before sharding: FSDP2 wraps the result
+            checkpoint_blocks(self.model)
+            self._checkpointed = True
+        if self.shard_precision is not None and not is_sharded(self.model):
+            shard_model(self.model, self.device_mesh["data_parallel"], self.shard_precision)
+
+    def on_fit_end(self):
+        # the full weights on rank 0 (collective), for what the run does after training and for ddp_spawn-style
+        # workers to hand back to the parent process
+        from .sharding import gathered_model, is_sharded
+
+        if is_sharded(self.model):
+            self.model = gathered_model(self.model, self.global_rank)
 
     def forward(self, idx):
         return self.model(idx)
@@ -140,9 +163,16 @@ class LitGPT(pl.LightningModule):
         return err
 
     def pop_train_loss(self) -> float | None:
+        """The mean training loss since the last call, over every data-parallel rank (the global batch's; every
+        rank calls it at the same step)."""
         if not self._loss_n:
             return None
-        v = float(self._loss_sum) / self._loss_n
+        total = self._loss_sum.float() / self._loss_n
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            total = total.clone()
+            torch.distributed.all_reduce(total)
+            total /= torch.distributed.get_world_size()
+        v = float(total)
         self._loss_sum, self._loss_n = None, 0
         return v
 
@@ -162,12 +192,14 @@ class LitGPT(pl.LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else None
+        if hasattr(norm, "full_tensor"):  # FSDP: each rank's norm is of its shards; the total is their reduction
+            norm = norm.full_tensor()
+        self.grad_norm = norm
         if gradient_clip_val and (gradient_clip_algorithm in (None, "norm")):
-            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, float(gradient_clip_val))
-        else:
-            self.grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else None
-            if gradient_clip_val:
-                torch.nn.utils.clip_grad_value_(params, float(gradient_clip_val))
+            torch.nn.utils.clip_grads_with_norm_(params, float(gradient_clip_val), norm)
+        elif gradient_clip_val:
+            torch.nn.utils.clip_grad_value_(params, float(gradient_clip_val))
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["ablations"] = dict(self.ckpt_meta, step=int(self.global_step))

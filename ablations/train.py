@@ -34,11 +34,13 @@ from .generate import sample_text
 from .inference_timing import generation_benchmark
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
 from .malloc import keep_freed_memory
+from .memory import MemoryEstimate, device_memory, estimate, size
 from .optim import run_params
 from .metrics import MetricsCallback, measure_peak_flops
 from .progress import LineProgress, line_every, wants_lines
 from .repro import cpu_model, derived_seed, environment_tags, seed_all
 from .schedule import build_lr_lambda
+from .sharding import FSDP, NAME as FSDP_NAME, check_fsdp
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -129,10 +131,11 @@ def train(cfg: DictConfig, callbacks=(), tags: dict | None = None) -> dict:
     model = build_model(cfg)                      # seeded init; the optimizer config checked against it
     hw = resolve_hardware(cfg)
     peak = peak_flops(cfg, hw, shape)             # configured, or measured on this machine
+    check_memory(cfg, model, hw, shape)           # the estimate per device, refused when over the device's memory
     budget = apply_budget(cfg, model, shape)      # a compute budget sets trainer.max_steps
     accounting = count(model, hw, budget)         # params, FLOPs and KV-cache bytes per token
     ckpt = plan_checkpoints(cfg)                  # after the budget: max_steps is part of the config hash
-    lit = build_lit_module(cfg, model, data, ckpt)
+    lit = build_lit_module(cfg, model, data, ckpt, hw)
     resumed = check_resume(ckpt, lit, data)       # the resumed checkpoint's record, or None
     datamodule = TokenDataModule(data, shape.block_size, shape.batch_size, int(cfg.seed),
                                  int(cfg.data.get("val_windows", 128)))
@@ -190,8 +193,12 @@ def check_config(cfg: DictConfig) -> StepShape:
         raise ConfigError(f"resume={cfg.get('resume')!r}: use resume=auto, resume=PATH_TO_CKPT, or leave it null")
     if cfg.get("compile") not in (True, False):
         raise ConfigError(f"compile={cfg.get('compile')!r} must be true or false")
+    if cfg.get("activation_checkpointing", False) not in (True, False):
+        raise ConfigError(f"activation_checkpointing={cfg.get('activation_checkpointing')!r} must be true or false")
     build_lr_lambda(cfg.optim, ms)  # a bad optim.schedule/warmup_frac/decay_frac fails here, before any run exists
     devices = t.get("devices", 1)
+    if t.get("strategy") == FSDP_NAME:
+        check_fsdp(cfg)
     n_dev = devices if isinstance(devices, int) and devices > 0 else 1  # "auto", a list of ids: one per node
     return StepShape(bs, int(cfg.model.block_size), acc, n_dev * int(t.get("num_nodes", 1)))
 
@@ -263,6 +270,27 @@ def peak_flops(cfg: DictConfig, hw: Hardware, shape: StepShape) -> Peak:
     return Peak(peak * (shape.world if hw.accelerator == "cuda" else 1), source)
 
 
+def check_memory(cfg: DictConfig, model: GPT, hw: Hardware, shape: StepShape) -> MemoryEstimate:
+    """The memory per device the run needs (ablations/memory.py), printed once; over the device's memory, one
+    line with the ways to make it fit."""
+    ckpt_on = bool(cfg.get("activation_checkpointing", False))
+    sharded = cfg.trainer.get("strategy") == FSDP_NAME
+    est = estimate(model.config, shape.batch_size, shards=shape.world if sharded else 1,
+                   compute_bytes=4 if hw.infer_dtype == torch.float32 else 2, checkpointing=ckpt_on)
+    have, where = device_memory(hw.accelerator, shape.world // int(cfg.trainer.get("num_nodes", 1)))
+    if _env_rank() == 0:
+        print(f"[ablations] memory: {est.line()}; {where} has {size(have)}", flush=True)
+    if est.total > have:
+        fixes = ["a smaller data.batch_size with a larger trainer.accumulate_grad_batches (the same global batch)"]
+        if not ckpt_on:
+            fixes.append("activation_checkpointing=true")
+        fixes.append("more devices with trainer=fsdp" if sharded else "trainer=fsdp (sharded over more devices)")
+        raise ConfigError(f"the run needs ~{size(est.total)} per device (data.batch_size={shape.batch_size}, "
+                          f"model.block_size={shape.block_size}) but {where} has {size(have)}: use "
+                          f"{', or '.join(fixes)}")
+    return est
+
+
 def apply_budget(cfg: DictConfig, model: GPT, shape: StepShape) -> float | None:
     """trainer.budget.flops / tokens_per_param -> trainer.max_steps from this model's own FLOPs per token, so arms
     and sizes are compared at matched compute (ablations/budget.py). Returns the budget in FLOPs (None: none)."""
@@ -295,12 +323,12 @@ def plan_checkpoints(cfg: DictConfig) -> CheckpointPlan:
             log.info("resume=auto: no checkpoint in %s, starting fresh", ckpt_dir)
     elif resume:
         path = Path(str(resume)).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"resume={resume}: no such checkpoint file: use resume=auto or an existing .ckpt path")
+        if not path.exists():  # a file, or a sharded checkpoint's folder (trainer.strategy=fsdp)
+            raise ConfigError(f"resume={resume}: no such checkpoint: use resume=auto or an existing .ckpt path")
     return CheckpointPlan(chash, ckpt_dir, path, source)
 
 
-def build_lit_module(cfg: DictConfig, model: GPT, data: TokenData, ckpt: CheckpointPlan) -> LitGPT:
+def build_lit_module(cfg: DictConfig, model: GPT, data: TokenData, ckpt: CheckpointPlan, hw: Hardware) -> LitGPT:
     """The LightningModule; `meta` goes into every checkpoint, to check a resume against."""
     tok = data.tokenizer
     meta = {"tokenizer": tok.identity(), "tokenizer_hash": tok.hash, "config_hash": ckpt.config_hash,
@@ -308,6 +336,9 @@ def build_lit_module(cfg: DictConfig, model: GPT, data: TokenData, ckpt: Checkpo
     lit = LitGPT(model, OmegaConf.to_container(cfg.optim, resolve=True), int(cfg.trainer.max_steps), meta)
     if cfg.get("compile"):
         lit.compile_model = True
+    if cfg.trainer.get("strategy") == FSDP_NAME:
+        lit.shard_precision = hw.precision
+    lit.activation_checkpointing = bool(cfg.get("activation_checkpointing", False))
     return lit
 
 
@@ -316,7 +347,7 @@ def check_resume(ckpt: CheckpointPlan, lit: LitGPT, data: TokenData) -> dict | N
     if ckpt.resume_from is None:
         return None
     ck = load_resumable(ckpt.resume_from)
-    check_compatible(ck, ckpt.resume_from, lit, data.tokenizer)
+    check_compatible(ck, ckpt.resume_from, lit, data.tokenizer, sharded=lit.shard_precision is not None)
     if _env_rank() == 0:
         print(resumed_line(ck["ablations"], ckpt.resume_from, ckpt.source), flush=True)
     return ck["ablations"]
@@ -343,6 +374,8 @@ def build_trainer(cfg: DictConfig, hw: Hardware, ckpt: CheckpointPlan, metrics: 
     tk.pop("budget", None)  # ours, not Lightning's: already turned into max_steps
     if tk.get("limit_val_batches") is None:
         tk.pop("limit_val_batches", None)
+    if tk.get("strategy") == FSDP_NAME:  # FSDP2 (ablations/sharding.py), not Lightning's FSDP1 of that name
+        tk["strategy"] = FSDP(int(tk.get("devices")) * int(tk.get("num_nodes", 1)))
     ours = [metrics, ckpt_cb]
     if tk.get("enable_progress_bar", True) and wants_lines():  # a log file: lines, not a carriage-return stream
         tk["enable_progress_bar"] = False

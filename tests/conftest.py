@@ -84,11 +84,11 @@ def pg_url(pg_server):
 
 @pytest.fixture(scope="session")
 def train_here():
-    """`train_here(cwd, overrides)`: ablations.train.train on the composed config in this process, with `cwd` as the
-    working directory and no $MLFLOW_TRACKING_URI; -> train's result. For fixtures that only need a recorded run to
-    read (the CLI itself is tested in tests/test_harness_run.py): no second interpreter importing torch, Lightning
-    and MLflow again."""
-    def train_here(cwd: Path, overrides: list[str]) -> dict:
+    """`train_here(cwd, overrides, callbacks=())`: ablations.train.train on the composed config in this process, with
+    `cwd` as the working directory and no $MLFLOW_TRACKING_URI; -> train's result. For fixtures that only need a
+    recorded run to read (the CLI itself is tested in tests/test_harness_run.py): no second interpreter importing
+    torch, Lightning and MLflow again. `callbacks`: extra Lightning callbacks (tests/faults.py)."""
+    def train_here(cwd: Path, overrides: list[str], callbacks=()) -> dict:
         from hydra import compose, initialize_config_dir
 
         from ablations.train import train
@@ -98,7 +98,7 @@ def train_here():
         with pytest.MonkeyPatch.context() as mp:
             mp.delenv("MLFLOW_TRACKING_URI", raising=False)
             mp.chdir(cwd)
-            return train(cfg)
+            return train(cfg, callbacks=callbacks)
 
     return train_here
 
@@ -143,7 +143,7 @@ def multirun(tmp_path_factory, shakespeare_path):
 # the groups with the most tests, which here are the quick ones). The order is only balance: a module missing from
 # LONGEST_FIRST runs after those listed, and every test passes in any order.
 SHARED_GROUPS = {"test_harness_run": "multirun", "test_context_length": "multirun"}  # the `multirun` fixture
-LONGEST_FIRST = ("test_tracking_server", "multirun", "test_verdict_protocol", "test_sweeps_postgres",
+LONGEST_FIRST = ("test_tracking_server", "test_fsdp", "test_nodes", "multirun", "test_verdict_protocol", "test_sweeps_postgres",
                  "test_analysis_real", "test_verdict_transfer", "test_sweeps_sqlite", "test_sweep_workers",
                  "test_data_shards", "test_mup", "test_protocol_report", "test_export", "test_optim", "test_paired",
                  "test_sweeps_unit", "test_known_results", "test_tracking_faults", "test_verdict_lr_seeds",

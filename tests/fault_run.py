@@ -14,8 +14,6 @@ from ablations import run
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faults import from_spec  # noqa: E402
 
-FAULT = from_spec(sys.argv.pop(1))
-
 
 @hydra.main(version_base=run.VERSION_BASE, config_path=str(Path(__file__).resolve().parents[1] / "conf"),
             config_name="config")
@@ -23,7 +21,8 @@ def main(cfg):
     return run.main.__wrapped__(cfg)  # ablations.run's body, under this file's absolute config path
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # not in a spawned worker (trainer=ddp, fsdp), which imports this file again
+    FAULT = from_spec(sys.argv.pop(1))
     _train = ablations.train.train
     ablations.train.train = lambda cfg, **kw: _train(cfg, callbacks=[FAULT, *kw.pop("callbacks", ())], **kw)
     _err = run.check_argv(sys.argv[1:])

@@ -47,7 +47,36 @@ def test_gpt2_124m_has_exactly_gpt2_small_parameter_count():
     assert model.num_params(non_embedding=True) == counts["params_non_embedding"]
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small-cpu", "baby", "gpt2-124m"])
+def test_gpt2_350m_has_exactly_gpt2_medium_parameter_count():
+    """GPT-2 medium (HF `gpt2-medium`) has 354,823,168 parameters: d=1024, 24 layers, the rest as GPT-2 small above:
+      token embedding 50257 * 1024 = 51,463,168; position table 1024 * 1024 = 1,048,576
+      one layer: 12 d^2 + 13 d = 12,582,912 + 13,312 = 12,596,224;  x 24 = 302,309,376
+      final LayerNorm 2 * 1024 = 2,048;  total 354,823,168"""
+    cfg = _compose("model=gpt2-350m", "tokenizer=gpt2")
+    assert accounting.param_counts(cfg.model)["params"] == 354_823_168
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_dict(cfg.model))
+    assert sum(p.numel() for p in model.parameters()) == 354_823_168
+
+
+def test_llama_1b_has_exactly_llama_3_2_1b_parameter_count():
+    """Llama 3.2 1B (HF `meta-llama/Llama-3.2-1B`) has 1,235,814,400 parameters: V=128256, d=2048, 16 layers, 32
+    query heads of 64, 8 key/value heads, SwiGLU 8192, RMSNorm without bias, no biases, tied embeddings:
+      token embedding 128256 * 2048                                   =   262,668,288
+      one layer: q, o 2 * 2048^2 = 8,388,608; k, v 2 * 2048 * 512 = 2,097,152;
+                 gate, up, down 3 * 2048 * 8192 = 50,331,648; two norms 2 * 2048 = 4,096
+                 = 60,821,504;  x 16                                  =   973,144,064
+      final RMSNorm 2048;  total                                      = 1,235,814,400
+    The preset chooses rope, RMSNorm, SwiGLU and GQA itself: `model=llama-1b` alone is the Llama shape."""
+    cfg = _compose("model=llama-1b", "model.vocab_size=128256")
+    assert (cfg.position.name, cfg.norm.name, cfg.mlp.name, cfg.attention.name) == ("rope", "rmsnorm", "swiglu", "gqa")
+    assert accounting.param_counts(cfg.model)["params"] == 1_235_814_400
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_dict(cfg.model))
+    assert sum(p.numel() for p in model.parameters()) == 1_235_814_400
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small-cpu", "baby", "gpt2-124m", "gpt2-350m"])
 @pytest.mark.parametrize("family", [[], ["position=rope", "norm=rmsnorm", "mlp=swiglu", "attention=gqa"],
                                     ["attention=mla", "norm.qk_norm=true", "mlp=geglu", "position=alibi"]])
 def test_presets_analytic_params_equal_meta_model(preset, family):

@@ -5,8 +5,9 @@
 # 2.11, numpy, pyyaml, tiktoken but no Hydra) with --no-index, then scripts/gpu_bench.sh on gpt2-124m (tokenizer gpt2,
 # V=50257, batch 32 x 1024 tokens): training tokens/s and MFU at 32-true, bf16-mixed and bf16-mixed + torch.compile,
 # MFU against the H200's dense bf16 peak of 989 TFLOP/s (NVIDIA's H200 SXM datasheet: 1,979 with sparsity), and
-# batch-1 bf16 decode tokens/s at contexts 128, 512, 992. Under $OUT: gpu.json (the summary), bench.json, bench.txt,
-# device.log. Expected wall time on an H200: ~3 min (3 rounds x 7 items x ~1 s, torch.compile ~1-2 min in the
+# batch-1 bf16 decode tokens/s at contexts 128, 512, 992; then gpt2-124m under trainer=fsdp (scripts/gpu/fsdp_mfu.py:
+# MFU, peak memory against ablations/memory.py's estimate). Under $OUT: gpu.json (the summary), bench.json, bench.txt,
+# device.log, fsdp.json. Expected wall time on an H200: ~3 min (3 rounds x 7 items x ~1 s, torch.compile ~1-2 min in the
 # warm-up, decode ~30 s); capped at BENCH_TIMEOUT (420 s on CUDA).
 # Rehearsed on this CPU by scripts/gpu/rehearse.sh (DEVICE=cpu: the same code path at a tiny size, 2 steps each).
 set -euo pipefail
@@ -91,3 +92,12 @@ print(f"device.sh: decode b=1 {summary['decode_dtype']} tok/s with the KV cache:
       + "; without: " + ", ".join(f"ctx {c} {num(v)}" for c, v in summary["decode_nocache_tokens_per_sec"].items()))
 print(f"device.sh: {wall} s; {out}/gpu.json, bench.json, bench.txt, device.log")
 PY
+# gpt2-124m under trainer=fsdp (the harness's FSDP2 path) at the same batch: MFU and peak memory against the
+# estimate, into $OUT/fsdp.json; after the bench, and its failure is reported, not fatal (the bench's files stand)
+left=$((LIMIT - (SECONDS - START)))
+if (( left > 60 )); then
+  timeout "$left" "$PY" scripts/gpu/fsdp_mfu.py --out "$OUT" --device "$DEVICE" \
+    || echo "device.sh: fsdp_mfu.py failed (exit $?; its error is above)" >&2
+else
+  echo "device.sh: no time left for fsdp_mfu.py (${left} s)" >&2
+fi
