@@ -30,6 +30,7 @@ class Tokenizer:
     name: str
     vocab_size: int
     sep_id: int | None
+    releases_gil = False  # encode_np runs without the GIL: threads encode in parallel (prepare uses threads then)
 
     def encode(self, text: str) -> list[int]:
         return self.encode_np(text).tolist()
@@ -129,6 +130,7 @@ class GPT2Tokenizer(Tokenizer):
     """GPT-2 BPE via tiktoken; <|endoftext|> (50256) separates documents."""
 
     name = "gpt2"
+    releases_gil = True  # tiktoken's Rust encoder lets go of the GIL while it encodes
 
     def __init__(self):
         self._enc = load_tiktoken_gpt2()
@@ -142,7 +144,8 @@ class GPT2Tokenizer(Tokenizer):
         self._ranks_sha = h.hexdigest()
 
     def encode_np(self, text: str) -> np.ndarray:
-        return np.asarray(self._enc.encode_ordinary(text), dtype=np.int64)
+        # encode_ordinary's tokens (special-token text encoded as text), straight into an array: no Python list
+        return self._enc.encode_to_numpy(text, disallowed_special=())
 
     def _encode_batch(self, docs):
         out = self._enc.encode_ordinary_batch(list(docs), num_threads=max(1, os.cpu_count() or 1))

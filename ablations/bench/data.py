@@ -3,11 +3,12 @@
 On corpora generated here (English-like prose: words drawn by their frequency in the standard library's comments
 and docstrings, in sentences and paragraphs, ~3 KB documents, written as parquet shards like FineWeb-edu's):
 
-- prepare: `ablations.prepare` end to end (parquet -> gpt2 shards with checksums and manifest, `num_proc` = the
-  threads) in MB of text (and tokens) per second, against tiktoken's own `encode_ordinary_batch` with the same number
-  of threads on the same texts already in memory (the physical reference: it only encodes), and tiktoken's
-  `encode_ordinary` in one thread (the rate of one core). Target >= 0.8x. Rounds alternate them; the best of each is
-  kept. 32 MB of text (--quick: 16 MB).
+- prepare (section `prepare`): `python -m ablations.prepare` end to end, a process of its own from launch to exit
+  (parquet -> gpt2 shards with checksums and manifest, `num_proc` = the threads), in MB of text (and tokens) per
+  second, against tiktoken's own `encode_ordinary_batch` with the same number of threads on the same texts already
+  in memory (the physical reference: it only encodes), and tiktoken's `encode_ordinary` in one thread (the rate of
+  one core); with how much of prepare's time was start-up (its last line). Target >= 0.8x. Rounds alternate them;
+  the best of each is kept. 32 MB of text (--quick: 16 MB).
 - loader: tokens/sec of the training loader (`TokenDataModule`, windows of gpt2-124m's 1024 + 1 tokens across
   shards) against tokens/sec of one gpt2-124m training step (forward, backward, AdamW) on this device. Target >= 20x.
 - resume (section `prepare-resume`): `python -m ablations.prepare` killed (kill -9) once ~60% of its train shards are
@@ -22,7 +23,6 @@ and docstrings, in sentences and paragraphs, ~3 KB documents, written as parquet
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import re
@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ablations.compose import CONF_DIR, compose
+from ablations.prepare import prepare
 
 from .core import Bench, Figures, Section, fmt, model_dict, section
 from .timing import best_time
@@ -116,10 +117,10 @@ def hf_overrides(folder: Path, cache: Path, num_proc: int, shards: Path | None =
 
 # ------------------------------------------------------------------------------------------ measurements
 def prepare_vs_tiktoken(folder: Path, work: Path, threads: int, rounds: int, log) -> dict:
-    """MB/s of ablations.prepare (end to end) and of tiktoken's batch encoder on the same texts, best of rounds."""
+    """MB/s of `python -m ablations.prepare` (end to end: its own process, launch to exit) and of tiktoken's batch
+    encoder on the same texts, best of rounds; with the start-up seconds prepare's last line reports."""
     import pyarrow.parquet as pq
 
-    from ablations.prepare import prepare
     from ablations.tokenizers import load_tiktoken_gpt2
 
     texts = [t for f in sorted(folder.glob("*.parquet")) for t in pq.read_table(f).column("text").to_pylist()]
@@ -127,13 +128,17 @@ def prepare_vs_tiktoken(folder: Path, work: Path, threads: int, rounds: int, log
     enc = load_tiktoken_gpt2()
     one = texts[:max(1, len(texts) // threads)]
     one_mb = sum(len(t.encode("utf-8")) for t in one) / 1e6
-    ours, ref, single, last = [], [], [], None
+    ours, ref, single, startup, shards = [], [], [], [], None
     for r in range(rounds):
-        cfg = compose(hf_overrides(folder, work / "cache", threads, work / f"shards-{r}")).data
+        shards = work / f"shards-{r}"
         t0 = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            last = prepare(cfg, "gpt2", verify=False)
+        out = subprocess.run([sys.executable, "-m", "ablations.prepare",
+                              *hf_overrides(folder, work / "cache", threads, shards)],
+                             cwd=work, env=_child_env(), capture_output=True, text=True)
         ours.append(mb / (time.perf_counter() - t0))
+        if out.returncode:
+            raise RuntimeError(f"prepare failed: {out.stderr.strip().splitlines()[-1:]}")
+        startup.append(float(re.search(r"([0-9.]+) s \([0-9]+%\) of it start-up", out.stdout).group(1)))
         t0 = time.perf_counter()
         enc.encode_ordinary_batch(texts, num_threads=threads)
         ref.append(mb / (time.perf_counter() - t0))
@@ -141,17 +146,26 @@ def prepare_vs_tiktoken(folder: Path, work: Path, threads: int, rounds: int, log
         for t in one:
             enc.encode_ordinary(t)
         single.append(one_mb / (time.perf_counter() - t0))
-        log(f"data: round {r + 1}: prepare {ours[-1]:.2f} MB/s, tiktoken batch {ref[-1]:.2f} MB/s, tiktoken one "
-            f"thread {single[-1]:.2f} MB/s")
+        log(f"data: round {r + 1}: prepare {ours[-1]:.2f} MB/s end to end ({startup[-1]:.1f} s start-up), "
+            f"tiktoken batch {ref[-1]:.2f} MB/s, tiktoken one thread {single[-1]:.2f} MB/s")
         if r < rounds - 1:
-            shutil.rmtree(work / f"shards-{r}")
-    m = last[1]
+            shutil.rmtree(shards)
+    m = json.loads((shards / "manifest.json").read_text())
     tokens = m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
+    best = ours.index(max(ours))
     return {"text_mb": mb, "documents": len(texts), "tokens": tokens, "processes": threads,
             "prepare_mb_per_sec": max(ours), "prepare_tokens_per_sec": max(ours) * tokens / mb,
+            "prepare_startup_sec": startup[best], "prepare_sec": mb / max(ours),
             "tiktoken_batch_mb_per_sec": max(ref), "tiktoken_one_thread_mb_per_sec": max(single),
-            "ratio": max(ours) / max(ref), "rounds": {"prepare": ours, "tiktoken_batch": ref, "tiktoken_one": single},
-            "shards": str(last[0])}
+            "ratio": max(ours) / max(ref), "rounds": {"prepare": ours, "prepare_startup_sec": startup,
+                                                      "tiktoken_batch": ref, "tiktoken_one": single},
+            "shards": str(shards)}
+
+
+def _child_env() -> dict:
+    """This checkout first on the path of a child `python -m ablations...`, one thread per process, as a user runs it."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1"}
 
 
 def loader_vs_step(shards: Path, device: str, steps: int, log) -> dict:
@@ -189,10 +203,8 @@ def peak_memory(cmd: list[str], cwd: Path) -> dict:
     """Run `cmd`; -> its wall time and the peak PSS and private anonymous bytes of its process tree."""
     import psutil
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=_child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = {"pss": 0, "anon": 0, "main_rss": 0}
 
     def sample():
@@ -221,8 +233,7 @@ def peak_memory(cmd: list[str], cwd: Path) -> dict:
 def resume_after_kill(folder: Path, work: Path, threads: int, shard_tokens: int, log) -> dict:
     """Wall seconds of an uninterrupted `python -m ablations.prepare` and of its re-run after a kill -9 once ~60% of
     its train shards are written."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
+    env = _child_env()
 
     def cmd(cache):
         return [sys.executable, "-m", "ablations.prepare", *hf_overrides(folder, cache, threads),
@@ -301,9 +312,11 @@ class Data(Section):
         try:
             corpus = work / "tokenize"
             write_corpus(corpus, (16 if quick else 32) << 20)
-            tok = prepare_vs_tiktoken(corpus, work, threads, bench.rounds if not quick else 2, bench.log)
+            with contextlib.redirect_stdout(sys.stderr):  # prepare's lines are the bench's log
+                shards, _, _ = prepare(compose(hf_overrides(corpus, work / "cache", threads, work / "shards")).data,
+                                       "gpt2", verify=False)
             nthreads = torch.get_num_threads()
-            load = loader_vs_step(Path(tok["shards"]), bench.device, bench.opts.steps or 2, bench.log)
+            load = loader_vs_step(shards, bench.device, bench.opts.steps or 2, bench.log)
             torch.set_num_threads(nthreads)
             sizes = (10 << 20, 100 << 20) if quick else (100 << 20, 1000 << 20)
             mem = memory_flat(work, sizes, threads, bench.log)
@@ -319,12 +332,7 @@ class Data(Section):
                     f" the text)")
 
         sm, lg = list(mem)
-        rows = [("data: prepare (parquet -> gpt2 shards)",
-                 f"{tok['prepare_mb_per_sec']:.2f} MB/s with {threads} processes vs tiktoken encode_ordinary_batch "
-                 f"{threads} threads {tok['tiktoken_batch_mb_per_sec']:.2f} MB/s = {tok['ratio']:.2f}x "
-                 f"(target >= 0.8x; {tok['text_mb']:.0f} MB of text; {fmt(tok['prepare_tokens_per_sec'], 'tokens/s')};"
-                 f" tiktoken one thread {tok['tiktoken_one_thread_mb_per_sec']:.2f} MB/s)"),
-                ("data: loader vs gpt2-124m training step",
+        rows = [("data: loader vs gpt2-124m training step",
                  f"{fmt(load['loader_tokens_per_sec'], 'tokens/s')} vs {fmt(load['step_tokens_per_sec'], 'tokens/s')}"
                  f" = {load['ratio']:,.0f}x (target >= 20x; >= 20x for any device training at up to "
                  f"{fmt(load['loader_tokens_per_sec'] / 20, 'tokens/s')})"),
@@ -333,7 +341,35 @@ class Data(Section):
                 (f"data: prepare rate, {lg} corpus", f"{large['prepare_mb_per_sec']:.2f} MB/s = "
                  f"{fmt(large['prepare_tokens_per_sec'], 'tokens/s')} end to end, `python -m ablations.prepare` "
                  f"({large['prepare']['wall_sec']:.0f} s, {threads} processes, {large['tokens']:,} tokens)")]
-        return Figures({"data": {"prepare": tok, "loader": load, "memory": mem}}, rows)
+        return Figures({"data": {"loader": load, "memory": mem}}, rows)
+
+
+def on_generated_corpus(megabytes: int, measure):
+    """measure(corpus folder, work folder) on a corpus of `megabytes` MB of text generated in a temporary folder,
+    removed after -> what measure returns."""
+    work = Path(tempfile.mkdtemp(prefix="ablations-bench-data-"))
+    try:
+        write_corpus(work / "corpus", megabytes << 20)
+        return measure(work / "corpus", work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@section
+class Prepare(Section):
+    name, order = "prepare", 79
+
+    def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
+        threads = _threads(bench)
+        tok = on_generated_corpus(16 if bench.opts.quick else 32, lambda corpus, work: prepare_vs_tiktoken(
+            corpus, work, threads, bench.rounds if not bench.opts.quick else 2, bench.log))
+        row = (f"{tok['prepare_mb_per_sec']:.2f} MB/s end to end with {threads} workers vs tiktoken "
+               f"encode_ordinary_batch {threads} threads {tok['tiktoken_batch_mb_per_sec']:.2f} MB/s = "
+               f"{tok['ratio']:.2f}x (target >= 0.8x; {tok['text_mb']:.0f} MB of text, "
+               f"{fmt(tok['prepare_tokens_per_sec'], 'tokens/s')}; start-up {tok['prepare_startup_sec']:.1f} s of "
+               f"prepare's {tok['prepare_sec']:.1f} s; tiktoken one thread {tok['tiktoken_one_thread_mb_per_sec']:.2f}"
+               f" MB/s)")
+        return Figures({"prepare": tok}, [("data: prepare (parquet -> gpt2 shards)", row)])
 
 
 @section
@@ -342,13 +378,8 @@ class PrepareResume(Section):
 
     def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
         threads = _threads(bench)
-        work = Path(tempfile.mkdtemp(prefix="ablations-bench-resume-"))
-        try:
-            corpus = work / "corpus"
-            write_corpus(corpus, (16 if bench.opts.quick else 64) << 20)
-            r = resume_after_kill(corpus, work, threads, 300_000, bench.log)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        r = on_generated_corpus(16 if bench.opts.quick else 64, lambda corpus, work: resume_after_kill(
+            corpus, work, threads, 300_000, bench.log))
         n, at = r["shards"], r["killed_at"]
         row = (f"{r['rerun_sec']:.1f} s re-run vs {r['whole_sec']:.1f} s uninterrupted = {r['fraction']:.2f} of the "
                f"whole end to end, {r['pass_fraction']:.2f} of its tokenizing pass ({r['rerun_pass_sec']:.1f} of "
