@@ -125,3 +125,37 @@ def test_gpt2_workers_are_threads_in_corpus_order_with_the_shards_of_one_process
     for split in ("train", "val"):
         for rec in two[1]["splits"][split]["shards"]:
             assert (two[0] / rec["file"]).read_bytes() == (one[0] / rec["file"]).read_bytes()
+
+
+def test_gpt2_ranks_are_parsed_once_and_a_damaged_copy_is_not_used(tmp_path, monkeypatch):
+    """The second gpt2 tokenizer of a cache reads the kept ranks instead of tiktoken's BPE files, and encodes as
+    tiktoken's own gpt2 (the known answer); a kept copy whose ranks no longer hash to its recorded sha256 (two ranks
+    swapped) is not used: the files are parsed again and the copy rewritten."""
+    import base64
+    import json
+
+    import tiktoken
+
+    from ablations import tokenizers
+
+    monkeypatch.setenv("ABLATIONS_CACHE_DIR", str(tmp_path))
+    reference = tiktoken.get_encoding("gpt2")
+    text = "Hello <|endoftext|> world, café 😀 1234567"
+    first = GPT2Tokenizer()
+    kept = tokenizers._gpt2_spec_path()
+    assert kept.parent == tmp_path / "tiktoken" and kept.is_file()
+    parsed = []
+    load = tokenizers.load_tiktoken_gpt2
+    monkeypatch.setattr(tokenizers, "load_tiktoken_gpt2", lambda: parsed.append(1) or load())
+    second = GPT2Tokenizer()
+    assert not parsed  # read from the kept ranks
+    assert second.identity() == first.identity()
+    assert second.encode(text) == reference.encode_ordinary(text) == first.encode(text)
+    spec = json.loads(kept.read_text())
+    a, b = base64.b64encode(b" the").decode(), base64.b64encode(b" and").decode()
+    spec["ranks"][a], spec["ranks"][b] = spec["ranks"][b], spec["ranks"][a]
+    kept.write_text(json.dumps(spec))
+    third = GPT2Tokenizer()
+    assert parsed == [1] and third.identity() == first.identity()
+    assert third.encode(text) == reference.encode_ordinary(text)
+    assert json.loads(kept.read_text())["ranks"][a] == reference._mergeable_ranks[b" the"]  # rewritten
