@@ -331,17 +331,18 @@ class ParquetStream:
     up took ~2 s of a prepare's start (it imports torch when torch is installed): more than a third of preparing
     50 MB of text."""
 
-    def __init__(self, files: list[Path], label: str, start: int = 0):
+    def __init__(self, files: list[Path], label: str, columns: list[str], start: int = 0):
         import pyarrow.parquet as pq
 
-        self.files, self.label, self.start = files, label, start
+        self.files, self.label, self.columns, self.start = files, label, columns, start
         self.column_names = pq.read_schema(files[0]).names
 
     def skip(self, n: int) -> "ParquetStream":
-        return ParquetStream(self.files, self.label, self.start + n)
+        return ParquetStream(self.files, self.label, self.columns, self.start + n)
 
     def iter(self, batch_size: int):
-        """{column: [values]} batches of up to `batch_size` rows from row `start` on."""
+        """{column: [values]} batches of up to `batch_size` rows from row `start` on, of `columns` only (a
+        FineWeb-edu file has ten more: decoding them was wasted)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -354,7 +355,7 @@ class ParquetStream:
                     if skip >= rows:
                         skip -= rows
                         continue
-                    table, skip = pf.read_row_group(g).slice(skip), 0
+                    table, skip = pf.read_row_group(g, columns=self.columns).slice(skip), 0
                     for b in table.to_batches(max_chunksize=batch_size):
                         yield b.to_pydict()
             except (pa.ArrowException, OSError) as e:
@@ -378,8 +379,8 @@ def hf_local_source(cfg) -> Source:
 
     def build():
         try:
-            if streaming and builder == "parquet":
-                return ParquetStream(files, f"data.path={cfg.path}")
+            if streaming and builder == "parquet" and all(f.suffix.lower() == ".parquet" for f in files):
+                return ParquetStream(files, f"data.path={cfg.path}", [c for c in (text_column, key_column) if c])
             datasets = _datasets()
             # local files converted to Arrow are a derived cache like the shards: kept beside them
             return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",

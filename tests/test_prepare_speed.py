@@ -60,8 +60,12 @@ def test_streamed_parquet_resumes_at_any_row_in_corpus_order(tmp_path, start):
     assert isinstance(ds, ParquetStream) and set(ds.column_names) == {"text", "n"}
     got = [(i, text) for batch in doc_batches(ds, src, start) for i, _, text in batch]
     assert got == list(enumerate(docs))[start:]
-    rows = [len(b["text"]) for b in ds.skip(start).iter(batch_size=256)]
-    assert sum(rows) == 300 - start and all(r <= 256 for r in rows)
+    batches = list(ds.skip(start).iter(batch_size=256))
+    assert sum(len(b["text"]) for b in batches) == 300 - start and all(len(b["text"]) <= 256 for b in batches)
+    assert all(set(b) == {"text"} for b in batches)  # the columns prepare reads, no others decoded
+    named = open_source(data_cfg(tmp_path / "c", tmp_path / "cache", id_column="n"))
+    assert [(i, key) for batch in doc_batches(named.build(), named, start) for i, key, _ in batch] == \
+        [(i, str(i)) for i in range(start, 300)]  # data.id_column's values name the documents
 
 
 def run_prepare(argv, pre="", cwd=None):
