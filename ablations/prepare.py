@@ -1,11 +1,12 @@
-"""`python -m ablations.prepare data=... tokenizer=...`: tokenize a corpus into token shards with N processes.
+"""`python -m ablations.prepare data=... tokenizer=...`: tokenize a corpus into token shards with N workers.
 
 The corpus (an ``ablations.sources.Source``) is read in order in this process and handed out in batches of
 documents to ``data.num_proc`` workers, which tokenize them: threads where the tokenizer encodes without the GIL
 (gpt2: tiktoken), so no text or token is copied between processes and no worker rebuilds the tokenizer, else
-processes; the results come back in corpus order, so the shards do not depend on how the workers were scheduled. Each split (train, val) is one token stream,
-documents joined by the tokenizer's separator, cut into shards of exactly ``data.shard_tokens`` tokens (the last one
-shorter), each written atomically (``ablations.shards``), then ``manifest.json``.
+processes; the results come back in corpus order, so the shards do not depend on how the workers were scheduled.
+Each split (train, val) is one token stream, documents joined by the tokenizer's separator, cut into shards of
+exactly ``data.shard_tokens`` tokens (the last one shorter), each written atomically (``ablations.shards``), then
+``manifest.json``.
 
 Resume: every shard's header records where its split's next shard starts (document index, offset into that
 document's tokens, and the counts so far). A re-run verifies the shards on disk and keeps the complete ones; each
@@ -73,7 +74,7 @@ _W: dict = {}  # per-process state: the tokenizer (None while scanning for the c
 
 def _init_worker(tok, dtype, parent: int | None = None) -> None:
     """tok: the tokenizer (this process's, or inherited by a forked worker), its identity (a spawned worker rebuilds
-    it: building gpt2's takes ~0.3 s) or None."""
+    it, a tenth of a second or more for gpt2) or None."""
     _W.update(tok=tokenizer_from_identity(tok) if isinstance(tok, dict) else tok, dtype=dtype)
     if parent:  # a worker whose parent was killed (kill -9) exits instead of waiting on its queue forever
         threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
@@ -518,7 +519,8 @@ def _write(data_cfg, src: Source, folder: Path, tok: Tokenizer | None, settings:
         records, cursor = existing_shards(folder, split)
         writers[split] = SplitWriter(folder, split, size, dtype, tok.sep_id, cursor, records)
     done = sum(len(w.records) for w in writers.values())
-    say(f"prepare: {src.label} with tokenizer={tok.name} -> {folder} ({num_proc} process{'es' * (num_proc > 1)}"
+    kind = ("thread", "threads") if num_proc > 1 and tok.releases_gil else ("process", "processes")
+    say(f"prepare: {src.label} with tokenizer={tok.name} -> {folder} ({num_proc} {kind[num_proc > 1]}"
         + (f"; resuming after {done} finished shards)" if done else ")"))
     t0 = time.perf_counter()
     PASS_STARTED["at"] = process_seconds()

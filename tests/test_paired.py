@@ -101,8 +101,9 @@ def test_each_arm_runs_at_its_own_precision_batch_and_context(monkeypatch):
 
 @pytest.mark.parametrize("peaks,arms,named", [
     # the issue's AVX2-only CPU: bf16 GEMM at 1% of fp32's (this machine has native bf16: faking is the only way here)
-    ({"32-true": 7.9e10, "bf16-mixed": 7.9e8}, ["a=trainer.precision=32-true", "b=trainer.precision=bf16-mixed",
-                                                "c=trainer.precision=bf16-mixed norm=rmsnorm"], "arms b, c at bf16-mixed"),
+    ({"32-true": 7.9e10, "bf16-mixed": 7.9e8},
+     ["a=trainer.precision=32-true", "b=trainer.precision=bf16-mixed", "c=trainer.precision=bf16-mixed norm=rmsnorm"],
+     "arms b, c at bf16-mixed"),
     ({"32-true": 4e10, "bf16-mixed": 9e10}, ["a=trainer.precision=32-true", "b=trainer.precision=bf16-mixed"], None),
     (None, ["a=trainer.precision=32-true", "b=trainer.precision=32-true norm=rmsnorm"], None),  # fp32 only: no probe
 ])

@@ -185,7 +185,8 @@ def prepare_vs_tiktoken(folder: Path, work: Path, threads: int, rounds: int, log
 
 
 def _child_env() -> dict:
-    """This checkout first on the path of a child `python -m ablations...`, one thread per process, as a user runs it."""
+    """This checkout first on the path of a child `python -m ablations...`, one thread per process (as users run
+    it)."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
             "OMP_NUM_THREADS": "1"}
 
