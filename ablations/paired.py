@@ -18,6 +18,9 @@ cross-entropy, backward, gradient clipping, fused AdamW step (ablations.bench.Ba
 An arm that changes what this step cannot honour (optim=muon, trainer.accumulate_grad_batches, threads, ...) is
 refused; settings that do not change a step's work (run length, logging, lr schedule, data source) are ignored.
 
+An arm whose precision runs emulated on this CPU (its GEMM peak, timed by the bench's probe, below fp32's: bf16
+without AVX512-BF16 or AMX) is named in one line of the summary.
+
 Per round and arm: tokens/s of `--steps` steps. Per arm: the median over rounds, and the ratio to the first arm:
 per round r_i = arm's tokens/s / first arm's tokens/s in the same round (a paired ratio), summarised as the
 geometric mean of the r_i with a 95% t interval on log r_i over the rounds (needs >= 2 rounds). JSON (`--json`)
@@ -219,6 +222,9 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
     from modules import accounting
 
     trainers = _build(_compose_arms(model, arms, torch.get_num_threads()), device, steps, warmup)
+    notes = emulated_notes([(name, s) for name, *_, s, _ in trainers])
+    for line in notes.values():
+        log(f"[paired] {line}")
     for *_, s, tr in trainers:  # untimed: first-call allocations, autotuning, the lr warm-up's first steps
         for _ in range(warmup):
             tr.step()
@@ -253,7 +259,26 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
             "steps_per_round": steps,
             "warmup_steps": warmup, "rounds": rounds, "order": ORDER, "load_average_start": load_start,
             "load_average_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "reference": ref, "arms": arms_out}
+            "reference": ref, "arms": arms_out, "emulated": notes}
+
+
+def emulated_notes(settings: list[tuple[str, dict]]) -> dict[str, str]:
+    """precision -> one line naming the arms whose precision runs emulated on this CPU (its GEMM peak, measured by
+    the bench's probe, below fp32's): their tokens/s say little of a CPU with native bf16. Probed only when an arm
+    on the CPU runs other than 32-true."""
+    from ablations.bench.ceilings import emulated, gemm_probe
+
+    cpu = {s["precision"] for _, s in settings if s["device"] == "cpu"}
+    if cpu <= {"32-true"}:
+        return {}
+    out = {}
+    for precision, why in emulated(gemm_probe("cpu"), "cpu").items():
+        names = [name for name, s in settings if s["device"] == "cpu" and s["precision"] == precision]
+        if names:
+            out[precision] = (f"arm{'s' * (len(names) > 1)} {', '.join(names)} at {why}; "
+                              f"{'their' if len(names) > 1 else 'its'} tokens/s say little of a CPU with native "
+                              f"{precision.split('-')[0]}")
+    return out
 
 
 def summary_lines(res: dict) -> list[str]:
@@ -265,7 +290,7 @@ def summary_lines(res: dict) -> list[str]:
         ratio = "reference" if a["name"] == res["reference"] else f"x{a['ratio']:.3f}{ci} vs {res['reference']}"
         lines.append(f"  {a['name']:<12} {a['median_tokens_per_sec']:>10,.0f} tok/s (median)  {ratio}  "
                      f"params {a['params']:,}")
-    return lines
+    return lines + [f"  note: {line}" for line in res.get("emulated", {}).values()]
 
 
 def main(argv=None) -> int:

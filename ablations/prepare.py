@@ -1,10 +1,12 @@
-"""`python -m ablations.prepare data=... tokenizer=...`: tokenize a corpus into token shards with N processes.
+"""`python -m ablations.prepare data=... tokenizer=...`: tokenize a corpus into token shards with N workers.
 
 The corpus (an ``ablations.sources.Source``) is read in order in this process and handed out in batches of
-documents to ``data.num_proc`` worker processes, which split and tokenize them; the results come back in corpus
-order, so the shards do not depend on how the workers were scheduled. Each split (train, val) is one token stream,
-documents joined by the tokenizer's separator, cut into shards of exactly ``data.shard_tokens`` tokens (the last one
-shorter), each written atomically (``ablations.shards``), then ``manifest.json``.
+documents to ``data.num_proc`` workers, which tokenize them: threads where the tokenizer encodes without the GIL
+(gpt2: tiktoken), so no text or token is copied between processes and no worker rebuilds the tokenizer, else
+processes; the results come back in corpus order, so the shards do not depend on how the workers were scheduled.
+Each split (train, val) is one token stream, documents joined by the tokenizer's separator, cut into shards of
+exactly ``data.shard_tokens`` tokens (the last one shorter), each written atomically (``ablations.shards``), then
+``manifest.json``.
 
 Resume: every shard's header records where its split's next shard starts (document index, offset into that
 document's tokens, and the counts so far). A re-run verifies the shards on disk and keeps the complete ones; each
@@ -33,6 +35,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -46,15 +49,33 @@ from .tokenizers import CharTokenizer, Tokenizer, build_tokenizer, tokenizer_fro
 
 SMALL_CORPUS_BYTES = 4 << 20       # below this, one process: starting workers costs more than they save
 BATCH_BYTES, BATCH_DOCS = 1 << 20, 1024  # one task for a worker
+# batches queued per worker: a deeper queue keeps the workers busy while this thread, descheduled on a loaded machine,
+# is late to read and write (at most ~4 MB of text per worker). Side by side with 2 (50 MB, gpt2, 2 threads, load
+# 5.5, 4 rounds) 2 took 1.15x as long, 95% interval [0.87, 1.53]: inconclusive.
+IN_FLIGHT = 4
 PLAN, LOCK = "plan.json", ".prepare.lock"
+PASS_STARTED: dict[str, float] = {}  # "at": this process's age when its tokenizing pass began (main's last line)
+
+
+def process_seconds() -> float:
+    """Seconds since this process started, the interpreter's own start and the imports included."""
+    try:  # Linux: the start time in clock ticks since boot (field 22 of /proc/self/stat), no import needed
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
 
 
 # ------------------------------------------------------------------------------------------ the workers
 _W: dict = {}  # per-process state: the tokenizer (None while scanning for the char vocabulary) and the dtype
 
 
-def _init_worker(identity, dtype, parent: int | None = None) -> None:
-    _W.update(tok=tokenizer_from_identity(identity) if identity else None, dtype=dtype)
+def _init_worker(tok, dtype, parent: int | None = None) -> None:
+    """tok: the tokenizer (this process's, or inherited by a forked worker), its identity (a spawned worker rebuilds
+    it, a tenth of a second or more for gpt2) or None."""
+    _W.update(tok=tokenizer_from_identity(tok) if isinstance(tok, dict) else tok, dtype=dtype)
     if parent:  # a worker whose parent was killed (kill -9) exits instead of waiting on its queue forever
         threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
 
@@ -83,36 +104,47 @@ def _scan(batch):
 
 
 class _Workers:
-    """`map(fn, items)` in corpus order over a process pool (or in this process for one), never more than
-    2 x num_proc batches in flight, so memory does not grow with the corpus."""
+    """`map(fn, items)` in corpus order over `num_proc` threads (a tokenizer that releases the GIL), a process pool
+    (any other) or this thread (one), never more than IN_FLIGHT x num_proc batches in flight, so memory does not grow
+    with the corpus. tok: the tokenizer, or None for the char vocabulary scan (processes)."""
 
-    def __init__(self, num_proc: int, initargs: tuple):
-        self.num_proc, self.pool = num_proc, None
-        if num_proc > 1:
+    def __init__(self, num_proc: int, tok: Tokenizer | None, dtype: str):
+        self.num_proc, self.pool, self.threads = num_proc, None, None
+        if num_proc > 1 and tok is not None and tok.releases_gil:
+            _init_worker(tok, dtype)
+            self.threads = ThreadPoolExecutor(num_proc, thread_name_prefix="prepare")
+        elif num_proc > 1:
             # fork where there is one (as torch's DataLoader and datasets' map do): spawn would re-import the
             # caller's __main__ in every worker. The workers use only numpy and the tokenizer, no threads.
             methods = multiprocessing.get_all_start_methods()
-            ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            self.pool = ctx.Pool(num_proc, initializer=_init_worker, initargs=(*initargs, os.getpid()))
+            fork = "fork" in methods
+            ctx = multiprocessing.get_context("fork" if fork else "spawn")
+            shipped = tok if fork or tok is None else tok.identity()  # a fork inherits it: nothing is pickled
+            self.pool = ctx.Pool(num_proc, initializer=_init_worker, initargs=(shipped, dtype, os.getpid()))
         else:
-            _init_worker(*initargs)
+            _init_worker(tok, dtype)
 
     def map(self, fn, items):
-        if self.pool is None:
+        if self.pool is None and self.threads is None:
             yield from map(fn, items)
             return
         pending = deque()
         for item in items:
-            pending.append(self.pool.apply_async(fn, (item,)))
-            if len(pending) >= 2 * self.num_proc:
-                yield pending.popleft().get()
+            pending.append(self.threads.submit(fn, item) if self.threads else self.pool.apply_async(fn, (item,)))
+            if len(pending) >= IN_FLIGHT * self.num_proc:
+                yield self._result(pending.popleft())
         while pending:
-            yield pending.popleft().get()
+            yield self._result(pending.popleft())
+
+    def _result(self, pending):
+        return pending.result() if self.threads else pending.get()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
+        if self.threads is not None:
+            self.threads.shutdown(cancel_futures=True)
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
@@ -370,7 +402,7 @@ def resolve_num_proc(data_cfg, src: Source) -> int:
 
 def _char_tokenizer(ds, src, rule, vf, num_proc) -> CharTokenizer:
     seen, parts = set(), {"train": 0, "val": 0}
-    with _Workers(num_proc, (None, "uint32")) as w:
+    with _Workers(num_proc, None, "uint32") as w:
         for s, p in w.map(_scan, split_batches(doc_batches(ds, src), rule, vf, {"train": 0, "val": 0})):
             seen |= s
             parts = {k: parts[k] + p[k] for k in parts}
@@ -403,7 +435,7 @@ def _tokenize(ds, src: Source, writers: dict, tok: Tokenizer, plan: dict, num_pr
     todo = {s: w.next_doc for s, w in writers.items()}
     progress = Progress(n_docs, start)
     try:
-        with _Workers(num_proc, (tok.identity(), plan["dtype"])) as workers:
+        with _Workers(num_proc, tok, plan["dtype"]) as workers:
             batches = split_batches(doc_batches(ds, src, start), plan["rule"], plan["val_fraction"], todo)
             for results in workers.map(_encode, batches):
                 nbytes = 0
@@ -487,9 +519,11 @@ def _write(data_cfg, src: Source, folder: Path, tok: Tokenizer | None, settings:
         records, cursor = existing_shards(folder, split)
         writers[split] = SplitWriter(folder, split, size, dtype, tok.sep_id, cursor, records)
     done = sum(len(w.records) for w in writers.values())
-    say(f"prepare: {src.label} with tokenizer={tok.name} -> {folder} ({num_proc} process{'es' * (num_proc > 1)}"
+    kind = ("thread", "threads") if num_proc > 1 and tok.releases_gil else ("process", "processes")
+    say(f"prepare: {src.label} with tokenizer={tok.name} -> {folder} ({num_proc} {kind[num_proc > 1]}"
         + (f"; resuming after {done} finished shards)" if done else ")"))
     t0 = time.perf_counter()
+    PASS_STARTED["at"] = process_seconds()
     total, empty = _tokenize(ds, src, writers, tok, plan, num_proc, n_docs)
     empty += src.empty
     _check_sides(writers, src, rule, vf, total, empty)
@@ -517,14 +551,10 @@ def main(argv: list[str]) -> int:
     from .compose import check_argv, compose
     from .errors import AblationsError, exit_code
 
-    err = check_argv(argv)
-    if err:
-        print(err, file=sys.stderr)
-        return 2
     try:
         cfg = compose(argv)
-    except HydraException as e:
-        print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+    except HydraException as e:  # check_argv's one line where it has one (it composes too: ~0.2 s, on errors only)
+        print(check_argv(argv) or f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     try:
         folder, m, tok = prepare(cfg.data, str(cfg.tokenizer.name), verify=True)
@@ -533,8 +563,17 @@ def main(argv: list[str]) -> int:
         return exit_code(e)
     n = sum(len(m["splits"][s]["shards"]) for s in SPLITS)
     say(f"ready: {folder} ({n} shards verified, {m['splits']['train']['tokens']:,} train + "
-        f"{m['splits']['val']['tokens']:,} val tokens, tokenizer {tok.name} {tok.hash[:12]})")
+        f"{m['splits']['val']['tokens']:,} val tokens, tokenizer {tok.name} {tok.hash[:12]}) | {timing()}")
     return 0
+
+
+def timing() -> str:
+    """This process's seconds end to end, and how many of them came before the first document was read."""
+    total, start = process_seconds(), PASS_STARTED.get("at")
+    if start is None:
+        return f"{total:.1f} s end to end, nothing to tokenize"
+    return (f"{total:.1f} s end to end, {start:.1f} s ({start / total:.0%}) of it start-up (interpreter, imports, "
+            f"config, corpus and tokenizer opened, shards on disk checked)")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
   as ``datasets.IterableDataset.from_generator`` over the file list (streamed: nothing is copied).
 - ``hf``: local parquet / jsonl / json / arrow / txt files (a file, a folder searched recursively, or a glob) read by
   ``datasets.load_dataset(<format>, data_files=...)``, or a Hub dataset (``data.hub``, ``data.hub_config``) when the
-  machine is online; ``data.text_column`` names the text, ``data.streaming`` reads without converting to Arrow.
+  machine is online; ``data.text_column`` names the text, ``data.streaming`` reads without converting to Arrow
+  (streamed local parquet by pyarrow alone: ``ParquetStream``, the same rows in the same order, without datasets'
+  seconds of start-up).
 
 A :class:`Source` carries what the token cache needs before any tokenizing: the corpus fingerprint (content hashes
 of the files, remembered by (path, size, mtime) so a large corpus is not re-read at every start), the document count
@@ -306,12 +308,12 @@ def resolve_files(path: str) -> tuple[list[Path], str]:
 
 
 def _parquet_scan_options() -> dict:
-    """Read parquet a row group at a time, so memory does not grow with the size of a file (a FineWeb-edu file holds
-    ~2 GB). datasets (5.2 here) scans each file as one pyarrow.dataset fragment: its default pre_buffer=True reads
-    the whole file's column chunks ahead (apache/arrow#39808), and its threaded scanner keeps decoding ahead of a
-    consumer slower than it (the tokenizer). Measured on one 198 MB parquet file of 315 MB of text: prepare's peak
-    868 MB, 689 MB with pre_buffer=False, and with the stream also resharded per row group (``reshard()``, below)
-    the 430 MB of the same text in 16 MB files. A datasets without these options gets none."""
+    """Read parquet without pre-buffering when datasets converts it to Arrow, so memory does not grow with the size
+    of a file (a FineWeb-edu file holds ~2 GB). datasets (5.2 here) scans each file as one pyarrow.dataset fragment:
+    its default pre_buffer=True reads the whole file's column chunks ahead (apache/arrow#39808), and its threaded
+    scanner keeps decoding ahead of a consumer slower than it. Measured on one 198 MB parquet file of 315 MB of text,
+    streamed: prepare's peak 868 MB, 689 MB with pre_buffer=False, and read a row group at a time (now
+    ``ParquetStream``) the 430 MB of the same text in 16 MB files. A datasets without these options gets none."""
     import dataclasses
 
     import pyarrow.dataset as pds
@@ -320,6 +322,46 @@ def _parquet_scan_options() -> dict:
     if "fragment_scan_options" not in {f.name for f in dataclasses.fields(ParquetConfig)}:
         return {}
     return {"fragment_scan_options": pds.ParquetFragmentScanOptions(pre_buffer=False)}
+
+
+class ParquetStream:
+    """Local parquet files streamed with pyarrow alone, in file and row-group order, one row group in memory: the
+    part of a ``datasets`` IterableDataset that prepare reads (``column_names``, ``skip``, ``iter``). datasets'
+    streamed parquet reads the same rows in the same order (resharded per row group), but importing and setting it
+    up took ~2 s of a prepare's start (it imports torch when torch is installed): more than a third of preparing
+    50 MB of text."""
+
+    def __init__(self, files: list[Path], label: str, columns: list[str], start: int = 0):
+        import pyarrow.parquet as pq
+
+        self.files, self.label, self.columns, self.start = files, label, columns, start
+        self.column_names = pq.read_schema(files[0]).names
+
+    def skip(self, n: int) -> "ParquetStream":
+        return ParquetStream(self.files, self.label, self.columns, self.start + n)
+
+    def iter(self, batch_size: int):
+        """{column: [values]} batches of up to `batch_size` rows from row `start` on, of `columns` only (a
+        FineWeb-edu file has ten more: decoding them was wasted)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        skip = self.start
+        for f in self.files:
+            try:
+                pf = pq.ParquetFile(f, pre_buffer=False)
+                for g in range(pf.num_row_groups):
+                    rows = pf.metadata.row_group(g).num_rows
+                    if skip >= rows:
+                        skip -= rows
+                        continue
+                    table, skip = pf.read_row_group(g, columns=self.columns).slice(skip), 0
+                    for b in table.to_batches(max_chunksize=batch_size):
+                        yield b.to_pydict()
+            except (pa.ArrowException, OSError) as e:
+                raise DataError(f"{self.label}: pyarrow could not read {f} ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:200] if str(e) else ''}): check that it is a valid "
+                                f"parquet file with the columns of the first") from None
 
 
 def hf_local_source(cfg) -> Source:
@@ -336,15 +378,14 @@ def hf_local_source(cfg) -> Source:
     options.update(kwargs)
 
     def build():
-        datasets = _datasets()
         try:
+            if streaming and builder == "parquet" and all(f.suffix.lower() == ".parquet" for f in files):
+                return ParquetStream(files, f"data.path={cfg.path}", [c for c in (text_column, key_column) if c])
+            datasets = _datasets()
             # local files converted to Arrow are a derived cache like the shards: kept beside them
-            ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
-                                       streaming=streaming, cache_dir=str(cache / "hf-datasets"), **kwargs,
-                                       **(_parquet_scan_options() if builder == "parquet" else {}))
-            if streaming and builder == "parquet" and hasattr(ds, "reshard"):
-                ds = ds.reshard()  # one row group per shard, in file order (see _parquet_scan_options)
-            return ds
+            return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
+                                         streaming=streaming, cache_dir=str(cache / "hf-datasets"), **kwargs,
+                                         **(_parquet_scan_options() if builder == "parquet" else {}))
         except (ValueError, OSError, TypeError) as e:
             raise DataError(f"data.path={cfg.path}: datasets could not read the {builder} files "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}): check that "

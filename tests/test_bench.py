@@ -47,7 +47,7 @@ def test_ceilings(report):
 
 def test_train(report):
     rows = report["train_bare"]
-    assert set(rows) == {"32-true", "bf16-mixed"}  # --no-compile
+    assert set(rows) == set(report["precisions"]["run"])  # --no-compile; an emulated bf16 is skipped
     # without native bf16 (e.g. an AVX2-only CPU: bf16 GEMM ~0.4 GFLOP/s) the bf16 GEMM is no ceiling of the
     # bf16-mixed step, whose linear layers take other kernels: its MFU is only bounded where bf16 is native
     native_bf16 = report["gemm_flops"]["bf16"] >= report["gemm_flops"]["fp32"]
@@ -56,7 +56,7 @@ def test_train(report):
         if name == "32-true" or native_bf16:
             assert r["mfu"] < 1.5  # a tiny model on a shared machine: far from the peak, never far above it
         assert positive(r["loss_at_step"]["loss"]) and r["loss_at_step"]["loss"] < 7  # ln(256) = 5.5 at init
-    assert positive(report["bf16_speedup"])
+    assert "bf16-mixed" not in rows or positive(report["bf16_speedup"])
     assert report["train_loss_data"] == "stdlib bytes"
     assert report["flops_per_token"] > 6 * report["params_non_embedding"]
 
@@ -99,11 +99,60 @@ def test_table_printed(report, capsys):
     (["--bogus"], "unknown option"),
     (["--only", "nope"], "unknown section"),
     (["model=tiny", "--only", "inference", "--contexts", "30", "--new-tokens", "8"], "model.block_size=38"),
+    (["model=tiny", "trainer.precision=16-mixed", "--only", "train"], "trainer.precision=16-mixed: the bench trains"),
 ])
 def test_bad_arguments(argv, message, tmp_path):
     with pytest.raises(SystemExit) as e:
         bench.main(argv + ["--json", str(tmp_path / "b.json")])
     assert message in str(e.value)
+
+
+# Faked GEMM peaks (FLOP/s), the only way to meet an emulated bf16 on this AVX512-BF16 machine: the issue's AVX2-only
+# CPU measured bf16 at 7.9e8 against fp32's 7.9e10 (emulated, 1%); a native one is ~2x fp32.
+EMULATED = {"32-true": 7.9e10, "bf16-mixed": 7.9e8}
+NATIVE = {"32-true": 4e10, "bf16-mixed": 9e10}
+
+
+@pytest.mark.parametrize("overrides,peaks,force,trained,skipped", [
+    ([], EMULATED, False, ["32-true"], ["bf16-mixed"]),
+    ([], EMULATED, True, ["32-true", "bf16-mixed"], []),
+    (["trainer.precision=32-true"], NATIVE, False, ["32-true"], []),  # the command line's precision, alone
+    (["trainer.precision=bf16-mixed"], EMULATED, False, [], ["bf16-mixed"]),
+])
+def test_precisions_trained_skipped_and_forced(monkeypatch, tmp_path, overrides, peaks, force, trained, skipped):
+    """`--only ceilings,train,harness` with the GEMM probe faked: the precisions whose models are built (train) and
+    run through the harness (its Lightning runs replaced by a record) are the configured one, or both, less one
+    whose peak is below fp32's unless --force-emulated; a skip is one row of the table and the JSON says why."""
+    from ablations.bench import ceilings, harness, train
+
+    built, harnessed = [], []
+    init = train.BareTrainer.__init__
+
+    def watched(self, model_cfg, batches, precision, *args, **kwargs):
+        built.append(precision)
+        init(self, model_cfg, batches, precision, *args, **kwargs)
+
+    def fake_harness(bench, precision, steps):
+        harnessed.append(precision)
+        return {"harness_tokens_per_sec": 1.0, "ratio": None, "ratio_ci_low": None, "windows": 0,
+                "steps_per_window": 10}
+
+    monkeypatch.setattr(ceilings, "gemm_probe", lambda device: dict(peaks))
+    monkeypatch.setattr(train.BareTrainer, "__init__", watched)
+    monkeypatch.setattr(harness, "paired_harness", fake_harness)
+    path = tmp_path / "bench.json"
+    assert run_bench(["model=tiny", *overrides, "--quick", "--no-compile", "--only", "ceilings,train,harness",
+                      "--window", "0.05", "--rounds", "1", "--json", str(path)] + ["--force-emulated"] * force) == 0
+    out = json.loads(path.read_text())
+    assert built == trained and harnessed == trained and sorted(out["train_bare"]) == sorted(trained)
+    assert list(out["precisions"]["skipped"]) == skipped and out["precisions"]["run"] == trained
+    lines = [v for _, v in out["table"] if "skipped" in v]
+    if skipped:
+        assert len(lines) == 1, lines
+        assert all(w in lines[0] for w in ("bf16-mixed", "0.01x fp32", "emulated on this CPU", "--force-emulated"))
+        assert out["gemm_flops"]["bf16"] == EMULATED["bf16-mixed"]  # not timed at full size: the probe's figure
+    else:
+        assert not lines
 
 
 def test_cache_appends_in_place():

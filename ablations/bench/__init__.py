@@ -29,7 +29,12 @@ rounds (A B C A B C ...) and the best round of each is kept: ratios between rows
 Options: --json PATH (default bench.json), --mlflow, --quick (short windows), --only/--skip SECTION[,SECTION],
 --threads N, --device cpu|cuda, --contexts C1,C2,... (decode/prefill contexts), --new-tokens N, --no-compile,
 --inference-dtype fp32|bf16, --peak-flops F (bf16 peak for MFU, e.g. 989e12), --rounds N, --window SEC,
---steps N (train only N steps per variant, for a dry run).
+--steps N (train only N steps per variant, for a dry run), --force-emulated (train in a precision whose GEMM peak is
+below fp32's too).
+
+Precisions: train and harness run the composed trainer.precision when it names one, else 32-true and bf16-mixed,
+less any whose GEMM peak (a quick probe before anything is built) is below fp32's (emulated on this CPU), which one
+row of the table names (ceilings.plan_precisions).
 
 Adding a section is one new module here, `ablations/bench/<name>.py`; nothing else lists the sections (they are
 found by importing every module of the package, as modules.registry finds variants):

@@ -1,14 +1,22 @@
 """Section `ceilings`: dense GEMM throughput at fp32 and bf16 and memory bandwidth (read, copy), measured here.
 
 They are the denominators of the other sections' fractions: MFU (train, harness) is tokens/sec x FLOPs per token
-over the GEMM peak of the precision the matmuls run in, or `--peak-flops` (a datasheet bf16 figure) when given."""
+over the GEMM peak of the precision the matmuls run in, or `--peak-flops` (a datasheet bf16 figure) when given.
+
+Which precisions the bench trains in (`plan_precisions`, before anything is built): the composed
+`trainer.precision` when it names one, else every precision of the bare step; of those, one whose GEMM peak
+(`gemm_probe`: a quick GEMM of each dtype) is below fp32's is skipped, with one line saying so, unless
+`--force-emulated`. On a CPU without native bf16 (AVX2 only) PyTorch emulates bf16 matmuls at ~1% of fp32: one
+bf16-mixed harness run took over 25 minutes there. `ablations.paired` says the same of an arm (`emulated`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from .core import Bench, Figures, Section, fmt, section
+from .timing import best_rate
 
 
 def gemm_item(dtype: torch.dtype, device: str, n: int) -> Callable[[], float]:
@@ -20,6 +28,56 @@ def gemm_item(dtype: torch.dtype, device: str, n: int) -> Callable[[], float]:
 
 def gemm_size(bench: Bench) -> int:
     return 8192 if bench.cuda else (1024 if bench.opts.quick else 2048)
+
+
+PRECISION_DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}  # the dtype each one's matmuls run in
+
+
+def gemm_probe(device: str) -> dict[str, float]:
+    """precision -> FLOP/s of its GEMM: the fastest of 3 calls after one untimed. n = 512 on a CPU: native bf16
+    already beats fp32 there (~2-5x on an AVX512-BF16 EPYC), and an emulated one (~1% of fp32) takes ~1 s."""
+    n = 4096 if device.startswith("cuda") else 512
+    peaks = {}
+    for precision, dtype in PRECISION_DTYPES.items():
+        fn = gemm_item(dtype, device, n)
+        fn()
+        peaks[precision] = best_rate(fn, device)
+    return peaks
+
+
+def emulated(peaks: dict[str, float], device: str = "cpu") -> dict[str, str]:
+    """precision -> why it is slow here, for each one whose GEMM peak is below fp32's: no native unit for its
+    dtype, so PyTorch emulates it."""
+    fp32, where = peaks["32-true"], "GPU" if device.startswith("cuda") else "CPU"
+    return {p: (f"{p}: its GEMM peak measured {fmt(v, 'FLOP/s')} = {v / fp32:.2g}x fp32's {fmt(fp32, 'FLOP/s')} "
+                f"(emulated on this {where})") for p, v in peaks.items() if v < fp32}
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """The precisions the bench trains in, those it skips (precision -> why) and the probe's peaks."""
+    run: list[str]
+    skipped: dict[str, str]
+    peaks: dict[str, float]
+
+    def line(self) -> str:
+        return (f"skipped {'; '.join(self.skipped.values())}; --force-emulated runs "
+                f"{'them' if len(self.skipped) > 1 else 'it'}")
+
+
+def plan_precisions(bench: Bench) -> PrecisionPlan:
+    """The composed trainer.precision when it names one (the command line's `trainer.precision=32-true` is
+    honoured), else every precision of the bare step; minus those below fp32's GEMM peak, unless --force-emulated."""
+    from .train import BareTrainer
+
+    configured = bench.cfg.trainer.get("precision", "auto")
+    wanted = list(BareTrainer.PRECISIONS) if configured in (None, "auto") else [str(configured)]
+    if wanted[0] not in BareTrainer.PRECISIONS:
+        raise SystemExit(f"ablations.bench: trainer.precision={configured}: the bench trains "
+                         f"{' or '.join(BareTrainer.PRECISIONS)} (or auto: both)")
+    peaks = gemm_probe(bench.device)
+    slow = {} if bench.opts.force_emulated else emulated(peaks, bench.device)
+    return PrecisionPlan([p for p in wanted if p not in slow], {p: slow[p] for p in wanted if p in slow}, peaks)
 
 
 def bandwidth_items(device: str, nbytes: int) -> dict[str, Callable[[], float]]:
@@ -37,16 +95,19 @@ def bandwidth_bytes(bench: Bench) -> int:
 
 @section
 class Ceilings(Section):
-    name, order = "ceilings", 10
+    name, order, uses_precisions = "ceilings", 10, True
 
     def work(self, bench: Bench) -> dict[str, Callable[[], float]]:
         n = gemm_size(bench)
-        return {"gemm fp32": gemm_item(torch.float32, bench.device, n),
-                "gemm bf16": gemm_item(torch.bfloat16, bench.device, n),
-                **bandwidth_items(bench.device, bandwidth_bytes(bench))}
+        items = {"gemm fp32": gemm_item(torch.float32, bench.device, n)}
+        if "bf16-mixed" not in emulated(bench.precisions.peaks, bench.device) or bench.opts.force_emulated:
+            items["gemm bf16"] = gemm_item(torch.bfloat16, bench.device, n)  # emulated: a call here takes ~20 s
+        return {**items, **bandwidth_items(bench.device, bandwidth_bytes(bench))}
 
     def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
-        peak = {"32-true": rates["gemm fp32"]["best"], "bf16-mixed": rates["gemm bf16"]["best"]}
+        peak = {"32-true": rates["gemm fp32"]["best"],
+                "bf16-mixed": rates["gemm bf16"]["best"] if "gemm bf16" in rates else bench.precisions.peaks[
+                    "bf16-mixed"]}  # emulated: the probe's figure (n = 512)
         read, copy = rates["read bandwidth"]["best"], rates["copy bandwidth"]["best"]
         mfu_peak = dict(peak)
         if bench.opts.peak_flops:  # a configured (datasheet) bf16 peak, e.g. a GPU's dense bf16 TFLOP/s

@@ -20,7 +20,8 @@ from .runner import run
 def usage() -> str:
     return ("python -m ablations.bench [hydra overrides] [--json PATH] [--mlflow] [--quick] [--only|--skip S[,S]] "
             "[--threads N] [--device cpu|cuda] [--contexts C,C] [--new-tokens N] [--no-compile] "
-            "[--inference-dtype fp32|bf16] [--peak-flops F] [--rounds N] [--window SEC] [--steps N]; "
+            "[--inference-dtype fp32|bf16] [--peak-flops F] [--rounds N] [--window SEC] [--steps N] "
+            "[--force-emulated]; "
             f"sections: {','.join(sections())}")
 
 
@@ -36,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mlflow", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-compile", dest="no_compile", action="store_true")
+    p.add_argument("--force-emulated", dest="force_emulated", action="store_true")
     p.add_argument("--threads", type=int)
     p.add_argument("--device", default=Options.device)
     p.add_argument("--contexts", type=lambda v: [int(c) for c in v.split(",")])

@@ -6,6 +6,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ class Options:
     rounds: int | None = None
     window: float | None = None
     steps: int | None = None
+    force_emulated: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,13 @@ class Bench:
     def batch_size(self) -> int:
         return int(self.cfg.data.batch_size)
 
+    @cached_property
+    def precisions(self):
+        """The precisions the sections train in and those skipped (ceilings.plan_precisions), decided once."""
+        from .ceilings import plan_precisions
+
+        return plan_precisions(self)
+
 
 @dataclass
 class Figures:
@@ -74,6 +83,7 @@ class Section:
     name: str = ""
     order: int = 0  # position in the table and the JSON
     needs: tuple[str, ...] = ()  # sections that run whenever this one does (train needs the ceilings: MFU)
+    uses_precisions: bool = False  # trains in (or times) bench.precisions: the run says once what they skip
     warmup: int = 1  # untimed calls of each shared-round item before the rounds
 
     def check(self, bench: Bench) -> None:

@@ -3,11 +3,12 @@
 On corpora generated here (English-like prose: words drawn by their frequency in the standard library's comments
 and docstrings, in sentences and paragraphs, ~3 KB documents, written as parquet shards like FineWeb-edu's):
 
-- prepare: `ablations.prepare` end to end (parquet -> gpt2 shards with checksums and manifest, `num_proc` = the
-  threads) in MB of text (and tokens) per second, against tiktoken's own `encode_ordinary_batch` with the same number
-  of threads on the same texts already in memory (the physical reference: it only encodes), and tiktoken's
-  `encode_ordinary` in one thread (the rate of one core). Target >= 0.8x. Rounds alternate them; the best of each is
-  kept. 32 MB of text (--quick: 16 MB).
+- prepare (section `prepare`): `python -m ablations.prepare` end to end, a process of its own from launch to exit
+  (parquet -> gpt2 shards with checksums and manifest, `num_proc` = the threads), in MB of text (and tokens) per
+  second, against tiktoken's own `encode_ordinary_batch` with the same number of threads on the same texts already
+  in memory (the physical reference: it only encodes), and tiktoken's `encode_ordinary` in one thread (the rate of
+  one core); with how much of prepare's time was start-up (its last line). Target >= 0.8x. Rounds alternate them;
+  the best of each is kept. 32 MB of text (--quick: 16 MB).
 - loader: tokens/sec of the training loader (`TokenDataModule`, windows of gpt2-124m's 1024 + 1 tokens across
   shards) against tokens/sec of one gpt2-124m training step (forward, backward, AdamW) on this device. Target >= 20x.
 - resume (section `prepare-resume`): `python -m ablations.prepare` killed (kill -9) once ~60% of its train shards are
@@ -22,7 +23,6 @@ and docstrings, in sentences and paragraphs, ~3 KB documents, written as parquet
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import re
@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ablations.compose import CONF_DIR, compose
+from ablations.prepare import prepare
 
 from .core import Bench, Figures, Section, fmt, model_dict, section
 from .timing import best_time
@@ -116,42 +117,81 @@ def hf_overrides(folder: Path, cache: Path, num_proc: int, shards: Path | None =
 
 # ------------------------------------------------------------------------------------------ measurements
 def prepare_vs_tiktoken(folder: Path, work: Path, threads: int, rounds: int, log) -> dict:
-    """MB/s of ablations.prepare (end to end) and of tiktoken's batch encoder on the same texts, best of rounds."""
+    """MB/s of `python -m ablations.prepare` (end to end: its own process, launch to exit) and of tiktoken's batch
+    encoder on the same texts, best of rounds, the two in alternating order, and their ratio per round (geometric
+    mean, 95% interval: ablations.paired.ratio_summary); with the start-up seconds prepare's last line reports and
+    the CPU seconds of each (less moved by other jobs' load than wall time)."""
+    import resource
+
+    from ablations.paired import ratio_summary
+
     import pyarrow.parquet as pq
 
-    from ablations.prepare import prepare
     from ablations.tokenizers import load_tiktoken_gpt2
+
+    def cpu(who: int) -> float:
+        use = resource.getrusage(who)
+        return use.ru_utime + use.ru_stime
 
     texts = [t for f in sorted(folder.glob("*.parquet")) for t in pq.read_table(f).column("text").to_pylist()]
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
     enc = load_tiktoken_gpt2()
     one = texts[:max(1, len(texts) // threads)]
     one_mb = sum(len(t.encode("utf-8")) for t in one) / 1e6
-    ours, ref, single, last = [], [], [], None
-    for r in range(rounds):
-        cfg = compose(hf_overrides(folder, work / "cache", threads, work / f"shards-{r}")).data
-        t0 = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            last = prepare(cfg, "gpt2", verify=False)
-        ours.append(mb / (time.perf_counter() - t0))
-        t0 = time.perf_counter()
+    got = {k: [] for k in ("prepare", "prepare_startup_sec", "prepare_cpu_sec", "tiktoken_batch",
+                           "tiktoken_batch_cpu_sec", "tiktoken_one")}
+    shards = None
+
+    def ours(r):
+        nonlocal shards
+        if shards is not None:
+            shutil.rmtree(shards)
+        shards, c0, t0 = work / f"shards-{r}", cpu(resource.RUSAGE_CHILDREN), time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "ablations.prepare",
+                              *hf_overrides(folder, work / "cache", threads, shards)],
+                             cwd=work, env=_child_env(), capture_output=True, text=True)
+        got["prepare"].append(mb / (time.perf_counter() - t0))
+        got["prepare_cpu_sec"].append(cpu(resource.RUSAGE_CHILDREN) - c0)
+        if out.returncode:
+            raise RuntimeError(f"prepare failed: {out.stderr.strip().splitlines()[-1:]}")
+        got["prepare_startup_sec"].append(float(re.search(r"([0-9.]+) s \([0-9]+%\) of it start-up",
+                                                          out.stdout).group(1)))
+
+    def theirs(r):
+        c0, t0 = cpu(resource.RUSAGE_SELF), time.perf_counter()
         enc.encode_ordinary_batch(texts, num_threads=threads)
-        ref.append(mb / (time.perf_counter() - t0))
+        got["tiktoken_batch"].append(mb / (time.perf_counter() - t0))
+        got["tiktoken_batch_cpu_sec"].append(cpu(resource.RUSAGE_SELF) - c0)
+
+    for r in range(rounds):
+        for run in ((ours, theirs) if r % 2 == 0 else (theirs, ours)):
+            run(r)
         t0 = time.perf_counter()
         for t in one:
             enc.encode_ordinary(t)
-        single.append(one_mb / (time.perf_counter() - t0))
-        log(f"data: round {r + 1}: prepare {ours[-1]:.2f} MB/s, tiktoken batch {ref[-1]:.2f} MB/s, tiktoken one "
-            f"thread {single[-1]:.2f} MB/s")
-        if r < rounds - 1:
-            shutil.rmtree(work / f"shards-{r}")
-    m = last[1]
+        got["tiktoken_one"].append(one_mb / (time.perf_counter() - t0))
+        log(f"data: round {r + 1}: prepare {got['prepare'][-1]:.2f} MB/s end to end "
+            f"({got['prepare_startup_sec'][-1]:.1f} s start-up, {got['prepare_cpu_sec'][-1]:.1f} s CPU), tiktoken "
+            f"batch {got['tiktoken_batch'][-1]:.2f} MB/s ({got['tiktoken_batch_cpu_sec'][-1]:.1f} s CPU), tiktoken "
+            f"one thread {got['tiktoken_one'][-1]:.2f} MB/s")
+    m = json.loads((shards / "manifest.json").read_text())
     tokens = m["splits"]["train"]["tokens"] + m["splits"]["val"]["tokens"]
+    best = got["prepare"].index(max(got["prepare"]))
     return {"text_mb": mb, "documents": len(texts), "tokens": tokens, "processes": threads,
-            "prepare_mb_per_sec": max(ours), "prepare_tokens_per_sec": max(ours) * tokens / mb,
-            "tiktoken_batch_mb_per_sec": max(ref), "tiktoken_one_thread_mb_per_sec": max(single),
-            "ratio": max(ours) / max(ref), "rounds": {"prepare": ours, "tiktoken_batch": ref, "tiktoken_one": single},
-            "shards": str(last[0])}
+            "prepare_mb_per_sec": max(got["prepare"]), "prepare_tokens_per_sec": max(got["prepare"]) * tokens / mb,
+            "prepare_startup_sec": got["prepare_startup_sec"][best], "prepare_sec": mb / max(got["prepare"]),
+            "tiktoken_batch_mb_per_sec": max(got["tiktoken_batch"]),
+            "tiktoken_one_thread_mb_per_sec": max(got["tiktoken_one"]),
+            "ratio": max(got["prepare"]) / max(got["tiktoken_batch"]),
+            "cpu_ratio": min(got["tiktoken_batch_cpu_sec"]) / min(got["prepare_cpu_sec"]),
+            "per_round": ratio_summary(got["tiktoken_batch"], got["prepare"]), "rounds": got, "shards": str(shards)}
+
+
+def _child_env() -> dict:
+    """This checkout first on the path of a child `python -m ablations...`, one thread per process (as users run
+    it)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1"}
 
 
 def loader_vs_step(shards: Path, device: str, steps: int, log) -> dict:
@@ -189,10 +229,8 @@ def peak_memory(cmd: list[str], cwd: Path) -> dict:
     """Run `cmd`; -> its wall time and the peak PSS and private anonymous bytes of its process tree."""
     import psutil
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=_child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = {"pss": 0, "anon": 0, "main_rss": 0}
 
     def sample():
@@ -221,8 +259,7 @@ def peak_memory(cmd: list[str], cwd: Path) -> dict:
 def resume_after_kill(folder: Path, work: Path, threads: int, shard_tokens: int, log) -> dict:
     """Wall seconds of an uninterrupted `python -m ablations.prepare` and of its re-run after a kill -9 once ~60% of
     its train shards are written."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
+    env = _child_env()
 
     def cmd(cache):
         return [sys.executable, "-m", "ablations.prepare", *hf_overrides(folder, cache, threads),
@@ -301,9 +338,11 @@ class Data(Section):
         try:
             corpus = work / "tokenize"
             write_corpus(corpus, (16 if quick else 32) << 20)
-            tok = prepare_vs_tiktoken(corpus, work, threads, bench.rounds if not quick else 2, bench.log)
+            with contextlib.redirect_stdout(sys.stderr):  # prepare's lines are the bench's log
+                shards, _, _ = prepare(compose(hf_overrides(corpus, work / "cache", threads, work / "shards")).data,
+                                       "gpt2", verify=False)
             nthreads = torch.get_num_threads()
-            load = loader_vs_step(Path(tok["shards"]), bench.device, bench.opts.steps or 2, bench.log)
+            load = loader_vs_step(shards, bench.device, bench.opts.steps or 2, bench.log)
             torch.set_num_threads(nthreads)
             sizes = (10 << 20, 100 << 20) if quick else (100 << 20, 1000 << 20)
             mem = memory_flat(work, sizes, threads, bench.log)
@@ -319,12 +358,7 @@ class Data(Section):
                     f" the text)")
 
         sm, lg = list(mem)
-        rows = [("data: prepare (parquet -> gpt2 shards)",
-                 f"{tok['prepare_mb_per_sec']:.2f} MB/s with {threads} processes vs tiktoken encode_ordinary_batch "
-                 f"{threads} threads {tok['tiktoken_batch_mb_per_sec']:.2f} MB/s = {tok['ratio']:.2f}x "
-                 f"(target >= 0.8x; {tok['text_mb']:.0f} MB of text; {fmt(tok['prepare_tokens_per_sec'], 'tokens/s')};"
-                 f" tiktoken one thread {tok['tiktoken_one_thread_mb_per_sec']:.2f} MB/s)"),
-                ("data: loader vs gpt2-124m training step",
+        rows = [("data: loader vs gpt2-124m training step",
                  f"{fmt(load['loader_tokens_per_sec'], 'tokens/s')} vs {fmt(load['step_tokens_per_sec'], 'tokens/s')}"
                  f" = {load['ratio']:,.0f}x (target >= 20x; >= 20x for any device training at up to "
                  f"{fmt(load['loader_tokens_per_sec'] / 20, 'tokens/s')})"),
@@ -333,7 +367,38 @@ class Data(Section):
                 (f"data: prepare rate, {lg} corpus", f"{large['prepare_mb_per_sec']:.2f} MB/s = "
                  f"{fmt(large['prepare_tokens_per_sec'], 'tokens/s')} end to end, `python -m ablations.prepare` "
                  f"({large['prepare']['wall_sec']:.0f} s, {threads} processes, {large['tokens']:,} tokens)")]
-        return Figures({"data": {"prepare": tok, "loader": load, "memory": mem}}, rows)
+        return Figures({"data": {"loader": load, "memory": mem}}, rows)
+
+
+def on_generated_corpus(megabytes: int, measure):
+    """measure(corpus folder, work folder) on a corpus of `megabytes` MB of text generated in a temporary folder,
+    removed after -> what measure returns."""
+    work = Path(tempfile.mkdtemp(prefix="ablations-bench-data-"))
+    try:
+        write_corpus(work / "corpus", megabytes << 20)
+        return measure(work / "corpus", work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@section
+class Prepare(Section):
+    name, order = "prepare", 79
+
+    def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
+        threads = _threads(bench)
+        tok = on_generated_corpus(16 if bench.opts.quick else 32, lambda corpus, work: prepare_vs_tiktoken(
+            corpus, work, threads, bench.rounds if not bench.opts.quick else 2, bench.log))
+        per = tok["per_round"]
+        ci = "" if per["ratio_ci_low"] is None else f" [{per['ratio_ci_low']:.2f}, {per['ratio_ci_high']:.2f}]"
+        row = (f"{tok['prepare_mb_per_sec']:.2f} MB/s end to end with {threads} workers vs tiktoken "
+               f"encode_ordinary_batch {threads} threads {tok['tiktoken_batch_mb_per_sec']:.2f} MB/s = "
+               f"{tok['ratio']:.2f}x best of each (target >= 0.8x; per round {per['ratio']:.2f}x{ci}; in CPU seconds "
+               f"{tok['cpu_ratio']:.2f}x; {tok['text_mb']:.0f} MB of text, "
+               f"{fmt(tok['prepare_tokens_per_sec'], 'tokens/s')}; start-up "
+               f"{tok['prepare_startup_sec']:.1f} s of prepare's {tok['prepare_sec']:.1f} s; tiktoken one thread "
+               f"{tok['tiktoken_one_thread_mb_per_sec']:.2f} MB/s)")
+        return Figures({"prepare": tok}, [("data: prepare (parquet -> gpt2 shards)", row)])
 
 
 @section
@@ -342,13 +407,8 @@ class PrepareResume(Section):
 
     def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
         threads = _threads(bench)
-        work = Path(tempfile.mkdtemp(prefix="ablations-bench-resume-"))
-        try:
-            corpus = work / "corpus"
-            write_corpus(corpus, (16 if bench.opts.quick else 64) << 20)
-            r = resume_after_kill(corpus, work, threads, 300_000, bench.log)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        r = on_generated_corpus(16 if bench.opts.quick else 64, lambda corpus, work: resume_after_kill(
+            corpus, work, threads, 300_000, bench.log))
         n, at = r["shards"], r["killed_at"]
         row = (f"{r['rerun_sec']:.1f} s re-run vs {r['whole_sec']:.1f} s uninterrupted = {r['fraction']:.2f} of the "
                f"whole end to end, {r['pass_fraction']:.2f} of its tokenizing pass ({r['rerun_pass_sec']:.1f} of "

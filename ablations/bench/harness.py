@@ -100,12 +100,12 @@ def paired_harness(bench: Bench, precision: str, steps: int) -> dict:
 
 @section
 class Harness(Section):
-    name, order = "harness", 30
+    name, order, uses_precisions = "harness", 30, True
 
     def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
         steps = 30 if bench.opts.quick else 120
         harness, rows = {}, []
-        for precision in ("32-true", "bf16-mixed"):
+        for precision in bench.precisions.run:  # the configured one, none emulated (ceilings.plan_precisions)
             bench.log(f"harness {precision}: {steps} steps through ablations.train.train, each followed by a "
                       "bare-loop step")
             try:

@@ -58,9 +58,15 @@ def run(overrides: list[str], chosen: tuple[str, ...], opts: Options,
     chain = selected(chosen)
     for s in chain:  # refuse bad options before measuring anything
         s.check(bench)
+    rows: list[Row] = []
+    if any(s.uses_precisions for s in chain):  # before any model is built: an emulated precision takes minutes
+        plan = bench.precisions
+        out["precisions"] = {"run": plan.run, "skipped": plan.skipped, "probe_gemm_flops": plan.peaks}
+        if plan.skipped:
+            log(plan.line())
+            rows.append(("precisions", plan.line()))
     work = {s.name: s.work(bench) for s in chain}
     rates = shared_rounds(bench, work, warmup=max((s.warmup for s in chain), default=1))
-    rows: list[Row] = []
     for s in chain:
         mine = {name: rates[name] for name in work.pop(s.name)}  # the items go: a section frees what it built
         figures = s.run(bench, mine, out)

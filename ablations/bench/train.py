@@ -1,5 +1,7 @@
 """Section `train`: training tokens/sec and MFU of a bare PyTorch loop (no Lightning, no logging) at 32-true,
 bf16-mixed and bf16-mixed + torch.compile, and the loss each reached after the same steps on the same batches.
+The precisions are the bench's (ceilings.plan_precisions: the configured one, none emulated unless forced); the
+compiled variant runs at the last of them.
 
 The variants are timed in the shared interleaved rounds with the ceilings, so the MFU compares a step and a peak
 measured under the same load. `BareTrainer` is also the step `ablations.paired` and the variants section time."""
@@ -101,31 +103,36 @@ class BareTrainer:
 
 @section
 class Train(Section):
-    name, order, needs = "train", 20, ("ceilings",)
+    name, order, needs, uses_precisions = "train", 20, ("ceilings",), True
 
     def work(self, bench: Bench) -> dict[str, Callable[[], float]]:
         T, V = bench.model["block_size"], bench.model["vocab_size"]
         batches, self.data_name = training_batches(V, bench.batch_size, T, n=16 if bench.opts.quick else 64)
-        variants = [("32-true", "32-true", False), ("bf16-mixed", "bf16-mixed", False)]
-        if not bench.opts.no_compile:
-            variants.append(("bf16-mixed+compile", "bf16-mixed", True))
+        run = bench.precisions.run
+        variants = [(p, p, False) for p in run]
+        if run and not bench.opts.no_compile:
+            variants.append((f"{run[-1]}+compile", run[-1], True))
             self.warmup = 2  # the first steps compile
         self.trainers: dict[str, BareTrainer] = {}
+        self.precision: dict[str, str] = {}  # variant -> its precision
         for name, precision, compiled in variants:
             bench.log(f"building {name}" + (" (torch.compile: the first steps compile, tens of seconds)"
                                             if compiled else ""))
             self.trainers[name] = BareTrainer(bench.model, batches, precision, compiled, bench.cfg.optim, bench.device)
+            self.precision[name] = precision
         return {name: tr.step for name, tr in self.trainers.items()}
 
     def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
         from modules import accounting
 
+        if not self.trainers:  # every precision asked for was skipped (the run's "precisions" row says why)
+            return Figures({"train_bare": {}}, [])
         flops_tok, mfu_peak = accounting.flops_per_token(bench.model), earlier["mfu_peak_flops"]
         steps_done = min(len(t.losses) for t in self.trainers.values())
         k = max(1, min(5, steps_done // 4))
         train_rows, rows = {}, []
         for name, tr in self.trainers.items():
-            precision = "32-true" if name == "32-true" else "bf16-mixed"
+            precision = self.precision[name]
             tps = rates[name]["best"]
             loss = float(torch.stack(tr.losses[steps_done - k:steps_done]).mean())
             r = {"tokens_per_sec": tps, "tokens_per_sec_best_round": rates[name].get("best_round"),
@@ -140,14 +147,17 @@ class Train(Section):
                 train_rows[name]["peak_memory_bytes"] = nbytes
                 rows.append((f"peak memory {name}", fmt(float(nbytes), "B")))
         values = {"train_bare": train_rows, "train_loss_data": self.data_name}
-        speedup = train_rows["bf16-mixed"]["tokens_per_sec"] / train_rows["32-true"]["tokens_per_sec"]
-        values["bf16_speedup"] = speedup
-        rows.append(("bf16-mixed / 32-true tokens/sec", f"{speedup:.2f}x  (losses above on {self.data_name}, "
-                                                        f"same batches and init)"))
-        if "bf16-mixed+compile" in train_rows:
-            c = train_rows["bf16-mixed+compile"]["tokens_per_sec"] / train_rows["bf16-mixed"]["tokens_per_sec"]
+        if {"32-true", "bf16-mixed"} <= set(train_rows):
+            speedup = train_rows["bf16-mixed"]["tokens_per_sec"] / train_rows["32-true"]["tokens_per_sec"]
+            values["bf16_speedup"] = speedup
+            rows.append(("bf16-mixed / 32-true tokens/sec", f"{speedup:.2f}x  (losses above on {self.data_name}, "
+                                                            f"same batches and init)"))
+        compiled = next((n for n in train_rows if n.endswith("+compile")), None)
+        if compiled:
+            eager = self.precision[compiled]
+            c = train_rows[compiled]["tokens_per_sec"] / train_rows[eager]["tokens_per_sec"]
             values["compile_speedup"] = c
-            rows.append(("compile / eager (bf16-mixed)", f"{c:.2f}x"))
+            rows.append((f"compile / eager ({eager})", f"{c:.2f}x"))
         self.trainers = {}  # free the models before the next sections
         return Figures(values, rows)
 
