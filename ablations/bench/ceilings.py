@@ -11,11 +11,10 @@ bf16-mixed harness run took over 25 minutes there. `ablations.paired` says the s
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from .core import Bench, Figures, Section, fmt, section
+from .core import Bench, Figures, PrecisionPlan, Section, fmt, section
 from .timing import best_rate
 
 
@@ -51,18 +50,6 @@ def emulated(peaks: dict[str, float], device: str = "cpu") -> dict[str, str]:
     fp32, where = peaks["32-true"], "GPU" if device.startswith("cuda") else "CPU"
     return {p: (f"{p}: its GEMM peak measured {fmt(v, 'FLOP/s')} = {v / fp32:.2g}x fp32's {fmt(fp32, 'FLOP/s')} "
                 f"(emulated on this {where})") for p, v in peaks.items() if v < fp32}
-
-
-@dataclass(frozen=True)
-class PrecisionPlan:
-    """The precisions the bench trains in, those it skips (precision -> why) and the probe's peaks."""
-    run: list[str]
-    skipped: dict[str, str]
-    peaks: dict[str, float]
-
-    def line(self) -> str:
-        return (f"skipped {'; '.join(self.skipped.values())}; --force-emulated runs "
-                f"{'them' if len(self.skipped) > 1 else 'it'}")
 
 
 def plan_precisions(bench: Bench) -> PrecisionPlan:

@@ -6,7 +6,6 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -36,6 +35,18 @@ class Options:
 
 
 @dataclass(frozen=True)
+class PrecisionPlan:
+    """The precisions the bench trains in, those it skips (precision -> why) and the GEMM probe's peaks."""
+    run: list[str]
+    skipped: dict[str, str]
+    peaks: dict[str, float]
+
+    def line(self) -> str:
+        return (f"skipped {'; '.join(self.skipped.values())}; --force-emulated runs "
+                f"{'them' if len(self.skipped) > 1 else 'it'}")
+
+
+@dataclass(frozen=True)
 class Bench:
     """What a section is given: the composed config, its model as a dict, the options, and the run's timing."""
     overrides: list[str]
@@ -45,6 +56,8 @@ class Bench:
     window: float  # seconds each item is timed per round
     rounds: int  # interleaved rounds
     log: Callable[[str], None] = lambda msg: None
+    # decided once by the runner (ceilings.plan_precisions) when a chosen section uses_precisions, else None
+    precisions: PrecisionPlan | None = None
 
     @property
     def device(self) -> str:
@@ -58,12 +71,6 @@ class Bench:
     def batch_size(self) -> int:
         return int(self.cfg.data.batch_size)
 
-    @cached_property
-    def precisions(self):
-        """The precisions the sections train in and those skipped (ceilings.plan_precisions), decided once."""
-        from .ceilings import plan_precisions
-
-        return plan_precisions(self)
 
 
 @dataclass

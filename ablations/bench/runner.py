@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from ablations.compose import compose
 from ablations.malloc import describe as malloc_mode
 
+from .ceilings import plan_precisions
 from .core import Bench, Options, Row, Section, model_dict, sections
 from .timing import fixed_steps, interleaved
 
@@ -60,7 +62,8 @@ def run(overrides: list[str], chosen: tuple[str, ...], opts: Options,
         s.check(bench)
     rows: list[Row] = []
     if any(s.uses_precisions for s in chain):  # before any model is built: an emulated precision takes minutes
-        plan = bench.precisions
+        plan = plan_precisions(bench)
+        bench = replace(bench, precisions=plan)
         out["precisions"] = {"run": plan.run, "skipped": plan.skipped, "probe_gemm_flops": plan.peaks}
         if plan.skipped:
             log(plan.line())
