@@ -213,6 +213,7 @@ def _is_primary(p, arm: str, size: str) -> bool:
 # ---------------------------------------------------------------------------------------------- CLI
 OWN_KEYS = ("pilot", "pilot_uri", "pilot_arm", "sd_at", "sd", "power", "alpha", "max_seeds", "goal", "workers",
             "min_pilot_seeds")
+SIM_KEYS = ("studies", "sim_seed")  # --simulate: how many simulated studies, and their RNG seed
 
 
 def _n(v) -> str:
@@ -240,17 +241,24 @@ def render(p, s: dict, rows: list[dict]) -> list[str]:
         at = [r for r in rows if r["size"] == size.name]
         run_s = {r["arm"]: r["run_s"] for r in at} | ({p.baseline: at[0]["baseline_run_s"]} if at else {})
         per_size = n * sum(run_s.values())
-        # every arm runs its own grid (or the protocol's) at every lr seed; a transferred lr is searched at one size
-        searched = p.lr_transfer_from in (None, size.name)
-        lr_runs = {a.name: len(a.lr_grid or p.lr_grid) * len(p.search_seeds()) * searched for a in p.arms}
-        lr_stage = sum(lr_runs[a] * run_s.get(a, math.nan) for a in lr_runs)
+        lr_runs, lr_stage = lr_stage_cost(p, size, rows)
         core += per_size + lr_stage
         lines.append(f"size {size.name}: {n} seeds x {len(p.arms)} arms at {size.budget_flops:.3g} FLOPs each "
                      f"({n * len(p.arms) * size.budget_flops:.3g} FLOPs); seeds stage {per_size / 60:.1f} core-min, "
-                     f"lr stage ({sum(lr_runs.values())} runs before any extension) {lr_stage / 60:.1f} core-min")
+                     f"lr stage ({lr_runs} runs before any extension) {lr_stage / 60:.1f} core-min")
     lines.append(f"total: {core / 60:.1f} core-minutes; wall {core / 60 / s['workers']:.1f} min on {s['workers']} "
                  "worker(s) (from the pilot's measured FLOP/s and start-up per run; n/a without a pilot)")
     return lines
+
+
+def lr_stage_cost(p, size, rows: list[dict]) -> tuple[int, float]:
+    """(runs, core-seconds) of the lr stage at a size before any extension: every arm runs its own grid (or the
+    protocol's) at every lr seed; a transferred lr is searched at one size."""
+    at = [r for r in rows if r["size"] == size.name]
+    run_s = {r["arm"]: r["run_s"] for r in at} | ({p.baseline: at[0]["baseline_run_s"]} if at else {})
+    searched = p.lr_transfer_from in (None, size.name)
+    lr_runs = {a.name: len(a.lr_grid or p.lr_grid) * len(p.search_seeds()) * searched for a in p.arms}
+    return sum(lr_runs.values()), sum(lr_runs[a] * run_s.get(a, math.nan) for a in lr_runs)
 
 
 def plan_seeds_from_rows(p, s: dict, rows: list[dict]) -> dict[str, int]:
@@ -262,6 +270,20 @@ def plan_seeds_from_rows(p, s: dict, rows: list[dict]) -> dict[str, int]:
     return out
 
 
+def simulation(p, s: dict, rows: list[dict], runs, studies: int = 10_000, sim_seed: int = 0) -> list[str]:
+    """--simulate: the sequential design's error rates and cost (sweeps/simulate.py)."""
+    from sweeps import simulate
+
+    if p.sequential is None:
+        raise ValueError(f"--simulate: protocol {p.name} has no verdict.sequential design; add one to the verdict file "
+                         "or pass '+verdict.sequential={first: 3, batch: 3, cap: 12}'")
+    if isinstance(studies, bool) or not isinstance(studies, int) or studies < 100:
+        raise ValueError(f"invalid studies={studies!r}: expected an integer >= 100 (10000 gives a 95% interval of "
+                         "about ±0.004 at an error of 0.05)")
+    lr_core = sum(lr_stage_cost(p, size, rows)[1] for size in p.sizes)
+    return simulate.render(p, s, rows, runs, lr_core, studies=studies, seed=int(sim_seed))
+
+
 def main(argv: list[str] | None = None) -> int:
     import yaml
 
@@ -271,8 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    simulate = "--simulate" in argv
+    argv = [a for a in argv if a != "--simulate"]
     own = {k: yaml.safe_load(v) for k, _, v in (a.partition("=") for a in argv) if k in OWN_KEYS}
-    rest = [a for a in argv if a.partition("=")[0] not in OWN_KEYS]
+    sim = {k: yaml.safe_load(v) for k, _, v in (a.partition("=") for a in argv) if k in SIM_KEYS}
+    rest = [a for a in argv if a.partition("=")[0] not in OWN_KEYS + SIM_KEYS]
 
     def go() -> int:
         p = load_spec(rest)  # `seeds: plan` is what this prints, never read here
@@ -280,9 +305,10 @@ def main(argv: list[str] | None = None) -> int:
             s = settings(p, own)
             runs = pilot_frame(s["pilot"], s["pilot_uri"] or protocol_uri(p)) if s["sd"] is None else None
             rows = plan_rows(p, s, runs)
+            lines = render(p, s, rows) + (simulation(p, s, rows, runs, **sim) if simulate else [])
         except (ValueError, LookupError) as e:
             raise VerdictError(str(e)) from None
-        print("\n".join(render(p, s, rows)))
+        print("\n".join(lines))
         return 0
 
     return exit_code(go)

@@ -17,6 +17,8 @@ from omegaconf.errors import OmegaConfBaseException
 from ablations.compose import CONF_DIR, compose_here, compose_run, config_dir
 from ablations.errors import one_line
 from ablations.tracking import tracking_uri
+from modules.errors import ConfigError
+from sweeps.sequential import Design, design_from
 from sweeps.study import SweepError, parse_overrides as _parse_overrides
 
 HOLM_SCOPES = ("study", "size", "arm-family")  # one Holm family: every primary comparison / per size / per family+size
@@ -71,6 +73,8 @@ class ProtocolSpec:
     worker: tuple[int, int] = (0, 1)   # (this process's index, how many): its share of every size's seeds
     planned: bool = False              # verdict.seeds: plan (seeds_by_size still to be filled by sweeps.plan)
     recipe: tuple[str, ...] = ()       # verdict.recipe: the training recipe, before the size's, arm's and user's
+    sequential: Design | None = None   # verdict.sequential: the group-sequential design (sweeps.sequential)
+    stop_early: bool = False           # verdict.seeds: sequential (seeds in batches, each comparison stopped once decided)
 
     def search_seeds(self) -> tuple[int, ...]:
         return self.lr_seeds or (self.lr_seed,)
@@ -216,18 +220,27 @@ def load_spec(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
     name = v.get("name") or OmegaConf.select(probe, "tracking.experiment") or experiment
     sizes = _sizes(v)
     planned = v.get("seeds") == "plan"
+    stop_early = v.get("seeds") == "sequential"
+    try:
+        design = design_from(v["sequential"]) if v.get("sequential") is not None else None
+    except ConfigError as e:
+        raise VerdictError(str(e)) from None
+    if stop_early and design is None:
+        raise VerdictError("invalid verdict.seeds=sequential without verdict.sequential: give the design, e.g. "
+                           "sequential: {first: 3, batch: 3, cap: 12, spending: obrien-fleming, alpha: 0.05}")
     recipe = v.get("recipe") or []
     if not isinstance(recipe, list) or not all(isinstance(o, str) and "=" in o for o in recipe):
         raise VerdictError(f"invalid verdict.recipe={recipe!r}: expected a list of KEY=VALUE training overrides "
                            "(e.g. [optim.schedule=wsd]), or [] for the experiment's own recipe")
     return ProtocolSpec(
         name=str(name), experiment=experiment, baseline=str(baseline), arms=arms, sizes=sizes,
-        seeds=1 if planned else _need(v, "seeds", int, "an integer >= 1 or plan"),
-        seeds_largest=1 if planned else _need(v, "seeds_largest", int, "an integer >= 1"),
+        seeds=design.cap if stop_early else 1 if planned else _need(v, "seeds", int, "an integer >= 1, plan or sequential"),
+        seeds_largest=design.cap if stop_early else 1 if planned else _need(v, "seeds_largest", int, "an integer >= 1"),
         lr_grid=[float(x) for x in grid], lr_seed=int(v.get("lr", {}).get("seed", 0)),
         storage=_need(v, "storage", str, "an Optuna storage URL"),
         overrides=[*(str(o) for o in v.get("overrides") or []), *run_ov], **_statistics(v, arms, sizes),
-        **_lr_search(v.get("lr", {}), sizes, probe), **_workers(v), planned=planned, recipe=tuple(recipe))
+        **_lr_search(v.get("lr", {}), sizes, probe), **_workers(v), planned=planned, recipe=tuple(recipe),
+        sequential=design, stop_early=stop_early)
 
 
 def protocol_uri(p: ProtocolSpec, conf_dir: Path = CONF_DIR) -> str:

@@ -307,9 +307,10 @@ def holm_reject(p: np.ndarray, alpha: float) -> np.ndarray:
     return out
 
 
-def simulate(design: Design, deltas, sd: float, margin: float, sd_base: float | None = None, studies: int = 10_000,
+def simulate(design: Design, deltas, sd, margin: float, sd_base: float | None = None, studies: int = 10_000,
              seed: int = 0, reference: str = "t") -> dict:
-    """`studies` simulated studies of the design: arm i's seeds ~ N(deltas[i], sd), the baseline's ~ N(0, sd_base).
+    """`studies` simulated studies of the design: arm i's seeds ~ N(deltas[i], sd[i]) (sd: one for all, or one per
+    arm), the baseline's ~ N(0, sd_base) (default: the first arm's sd).
 
     Returns per study the sequential verdict codes (S, m), seeds per arm (S, m) and of the baseline (S,), whether
     some true hypothesis was rejected (S,) and the wrong verdicts (S,); the same for today's fixed rule (two Holm
@@ -317,8 +318,9 @@ def simulate(design: Design, deltas, sd: float, margin: float, sd_base: float | 
     deltas = np.asarray(deltas, dtype=float)
     m, looks = len(deltas), design.looks()
     rng = np.random.default_rng(seed)
-    arms = deltas[None, :, None] + sd * rng.standard_normal((studies, m, design.cap))  # (S, m, cap)
-    base = (sd if sd_base is None else sd_base) * rng.standard_normal((studies, design.cap))  # (S, cap)
+    sd = np.broadcast_to(np.asarray(sd, dtype=float), (m,))  # one sd, or one per arm
+    arms = deltas[None, :, None] + sd[None, :, None] * rng.standard_normal((studies, m, design.cap))  # (S, m, cap)
+    base = (sd[0] if sd_base is None else sd_base) * rng.standard_normal((studies, design.cap))  # (S, cap)
     delta, p_diff, p_equiv = welch_looks(arms, base, looks, margin, reference)
     d = decide(p_diff, p_equiv, *level_table(design, m))
     codes = verdict_codes(d, delta)

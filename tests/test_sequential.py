@@ -6,6 +6,8 @@ p-values against scipy and analysis.stats; the family-wise error of the one fami
 partial nulls, and planted errors (a normal boundary against a small-n t, a nominal test at every look) above it."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -128,3 +130,17 @@ def test_bad_designs_are_one_line(raw, key):
     with pytest.raises(AblationsError) as e:
         q.design_from(raw)
     assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_planner_simulates_a_protocols_design(capsys):
+    from sweeps.plan import main
+
+    design = "+verdict.sequential={first: 3, batch: 3, cap: 9, spending: pocock}"
+    assert main(["verdict=second-study", "sd=0.01", design, "--simulate", "studies=2000"]) == 0
+    out = capsys.readouterr().out
+    assert "looks 3, 6, 9" in out and "pocock" in out and "mixed partial null" in out and "power: better" in out
+    fwer = re.findall(r"^global null \(every Δ 0\)\s+([0-9.]+) \[", out, re.M)
+    assert len(fwer) == 1 and 0 < float(fwer[0]) < 0.07
+    assert main(["verdict=second-study", "sd=0.01", "--simulate"]) == 2  # no design: one line
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "verdict.sequential" in err[0]

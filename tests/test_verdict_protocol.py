@@ -157,6 +157,10 @@ BAD_PROTOCOLS = [
     ("verdict.holm=family", "verdict.holm='family'"),
     ("verdict.primary={arms:[nope]}", "verdict.primary.arms=['nope']"),
     ("verdict.recipe=[wsd]", "verdict.recipe=['wsd']: expected a list of KEY=VALUE training overrides"),
+    ("verdict.seeds=sequential", "verdict.seeds=sequential without verdict.sequential"),
+    ("+verdict.sequential={first:4,batch:2,cap:3}", "verdict.sequential.cap=3: below the first batch"),
+    ("+verdict.sequential={first:3,batch:3,cap:12,spending:peto}", "verdict.sequential.spending='peto'"),
+    ("+verdict.sequential={first:3,batch:3,cap:12,alpha:1.0}", "verdict.sequential.alpha=1.0"),
 ]
 
 
