@@ -100,16 +100,22 @@ def flop_rate(runs, arm: str) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------- plan
 def family_size(p, arm: str, size: str) -> int:
     """m of the Holm family the comparison (arm, size) belongs to, as the protocol declares it."""
-    arms = [a for a in p.arms if a.name != p.baseline and (not p.primary_arms or a.name in p.primary_arms)]
-    sizes = [s.name for s in p.sizes if not p.primary_sizes or s.name in p.primary_sizes]
-    if not any(a.name == arm for a in arms) or size not in sizes:  # secondary: its own family of the rest
-        return max(1, (len(p.arms) - 1) * len(p.sizes) - len(arms) * len(sizes))
+    return len(family_members(p, arm, size))
+
+
+def family_members(p, arm: str, size: str) -> list[tuple[str, str]]:
+    """The comparisons (arm, size) of the Holm family that (arm, size) belongs to: every primary comparison of the
+    study, of its size, or of its arm family at its size (verdict.holm); a secondary one's family is the rest."""
+    every = [(a.name, s.name) for s in p.sizes for a in p.arms if a.name != p.baseline]
+    primary = [c for c in every if _is_primary(p, *c)]
+    if (arm, size) not in primary:
+        return [c for c in every if c not in primary]
     if p.holm == "study":
-        return len(arms) * len(sizes)
+        return primary
     if p.holm == "size":
-        return len(arms)
-    fam = next(a.family for a in p.arms if a.name == arm)
-    return sum(a.family == fam for a in arms)
+        return [c for c in primary if c[1] == size]
+    family = {a.name: a.family for a in p.arms}
+    return [c for c in primary if c[1] == size and family[c[0]] == family[arm]]
 
 
 def settings(p, overrides: dict | None = None) -> dict:

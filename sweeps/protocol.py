@@ -106,7 +106,8 @@ class ProtocolSpec:
                 "verdict.budget_flops": f"{size.budget_flops:g}", "verdict.margin": f"{self.margin:g}",
                 "verdict.margin_reason": self.margin_reason[:5000], "verdict.holm": self.holm,
                 "verdict.primary": self.primary_text(), "verdict.allow_dirty": str(self.allow_dirty).lower(),
-                "verdict.paired": str(self.paired).lower()}
+                "verdict.paired": str(self.paired).lower(),
+                **(self.sequential.tags() if self.stop_early and self.sequential else {})}
 
     def primary_text(self) -> str:
         """The primary comparisons as a tag: `arms=a,b;sizes=m` (`*`: every non-baseline arm / every size)."""
