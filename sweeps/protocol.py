@@ -21,7 +21,8 @@ from modules.errors import ConfigError
 from sweeps.sequential import Design, design_from
 from sweeps.study import SweepError, parse_overrides as _parse_overrides
 
-HOLM_SCOPES = ("study", "size", "arm-family")  # one Holm family: every primary comparison / per size / per family+size
+HOLM_SCOPES = ("study", "size", "arm-family")
+LR_SEARCHES = ("grid", "walk")  # verdict.lr.search: the exhaustive grid, or the lean walk (sweeps/lr_walk.py)  # one Holm family: every primary comparison / per size / per family+size
 
 
 class VerdictError(SweepError):
@@ -69,6 +70,7 @@ class ProtocolSpec:
     lr_seeds: tuple[int, ...] = ()     # the lr stage's seeds (verdict.lr.seeds; () = (lr_seed,)): mean over them
     lr_transfer_from: str | None = None  # search lr at this size only; the other sizes reuse it (needs mup)
     lr_extend: int = 0                 # grid points the lr stage may add beyond an edge until the best is interior
+    lr_search: str = "grid"            # verdict.lr.search (LR_SEARCHES)
     workers: int = 1                   # local processes (verdict.workers): lr studies shared, seeds split
     worker: tuple[int, int] = (0, 1)   # (this process's index, how many): its share of every size's seeds
     planned: bool = False              # verdict.seeds: plan (seeds_by_size still to be filled by sweeps.plan)
@@ -274,7 +276,14 @@ def _lr_search(lr: Mapping, sizes: list[Size], probe) -> dict:
                                f"{OmegaConf.select(probe, 'model.parametrization', default='sp')}: the lr transfers "
                                "across widths only under mup; set model.parametrization=mup (and model.mup.base_width)"
                                " or remove lr.transfer_from")
-    return {"lr_seeds": tuple(seeds), "lr_extend": extend, "lr_transfer_from": source}
+    search = lr.get("search", "grid")
+    if search not in LR_SEARCHES:
+        raise VerdictError(f"invalid verdict.lr.search={search!r}: choose grid (every lr of the grid at every lr seed) "
+                           "or walk (sweeps/lr_walk.py)")
+    if search == "walk" and len(seeds) != 2:
+        raise VerdictError(f"invalid verdict.lr.seeds={seeds!r} with verdict.lr.search=walk: the walk probes with the "
+                           "first seed and confirms with the second; give two, e.g. [100, 101]")
+    return {"lr_seeds": tuple(seeds), "lr_extend": extend, "lr_transfer_from": source, "lr_search": search}
 
 
 def _workers(v: Mapping) -> dict:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sweeps import sequential as q
+from sweeps import lr_walk, sequential as q
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = ("known-results", "reports/known-results/mlflow.db.gz")
@@ -116,40 +116,24 @@ def replay_seeds(st: Study, design: q.Design, orders: np.ndarray) -> dict:
 
 # --------------------------------------------------------------------------------------------- lr stage
 def walk(points: dict, start: float, first: int, second: int) -> tuple[float, list[tuple[float, int]]]:
-    """The lean lr stage on one arm's stored points {lr: {seed: (bpb, wall)}}: one seed (`first`) per probe, from
-    `start` by factors of 2 (the stored grid's neighbours) toward the better side until a local minimum; then
-    `second` at the best, and at its better neighbour only when that neighbour's one seed is below the best's two-seed
-    mean (the best's first seed may have been lucky); the lowest mean over what ran wins (a point with one seed
-    counts its one value). Returns (chosen lr, [(lr, seed) run])."""
+    """sweeps.lr_walk.walk on one arm's stored points {lr: {seed: (bpb, wall)}} (an lr the store lacks cannot be
+    run): (the chosen lr, [(lr, seed) run, in order])."""
     grid = sorted(points)
     ran: list[tuple[float, int]] = []
 
-    def val(lr, seeds):
+    def value(lr, seeds):
+        near = min(grid, key=lambda g: abs(math.log(g / lr)))
+        if abs(math.log(near / lr)) > 1e-6:
+            return None
         for s in seeds:
-            if (lr, s) not in ran:
-                ran.append((lr, s))
-        return float(np.mean([points[lr][s][0] for s in seeds]))
+            if (near, s) not in ran:
+                ran.append((near, s))
+        return float(np.mean([points[near][s][0] for s in seeds]))
 
-    i = grid.index(min(grid, key=lambda lr: abs(math.log(lr / start))))
-    one = {grid[i]: val(grid[i], [first])}
-    for j in (i - 1, i + 1):
-        if 0 <= j < len(grid):
-            one[grid[j]] = val(grid[j], [first])
-    side = [j for j in (i - 1, i + 1) if 0 <= j < len(grid)]
-    step = min(side, key=lambda j: one[grid[j]]) - i if side else 1  # toward the better neighbour
-    j = i
-    while 0 <= j + step < len(grid) and one.get(grid[j + step], math.inf) < one[grid[j]]:
-        j += step
-        if 0 <= j + step < len(grid) and grid[j + step] not in one:
-            one[grid[j + step]] = val(grid[j + step], [first])
-    best = grid[j]
-    two = {best: val(best, [first, second])}
-    nbrs = [grid[k] for k in (j - 1, j + 1) if 0 <= k < len(grid) and grid[k] in one]
-    if nbrs:
-        nb = min(nbrs, key=one.get)
-        if one[nb] < two[best]:
-            two[nb] = val(nb, [first, second])
-    return min(two, key=two.get), ran
+    ratio = grid[1] / grid[0] if len(grid) > 1 else 2.0
+    at = min(grid, key=lambda g: abs(math.log(g / start)))
+    lr = lr_walk.walk(value, at, ratio, first, second)
+    return min(grid, key=lambda g: abs(math.log(g / lr))), ran
 
 
 def replay_lr(st: Study, orders: int, rng: np.random.Generator) -> dict:
@@ -267,9 +251,8 @@ def error_rates(design: q.Design, m: int, margin: float, studies: int = 10_000) 
              "bound (0.0117); today's fixed rule (two Holm families at the cap) beside it.", "",
              "| sd | scenario | FWER [95% CI] | fixed rule's FWER | better at Δ = -margin | equivalent at Δ = 0 | seeds (mean) |",
              "|---|---|---|---|---|---|---|"]
-    half = np.where(np.arange(m) % 2, margin * np.where(np.arange(m) % 4 == 1, 1.0, -1.0), 0.0)
     for sd in PLANNED_SD:
-        for name, deltas in (("global null", np.zeros(m)), ("mixed partial null", half),
+        for name, deltas in (("global null", np.zeros(m)), ("mixed partial null", q.mixed_null(m, margin)),
                              ("planned Δ", np.full(m, -margin))):
             r = q.simulate(design, deltas, sd, margin, studies=studies, seed=0)
             fwer, lo, hi = q.rate(r["false"])

@@ -337,6 +337,13 @@ def simulate(design: Design, deltas, sd, margin: float, sd_base: float | None = 
             "fixed_wrong": wrong(fixed, deltas, margin).any(1)}
 
 
+def mixed_null(m: int, margin: float) -> np.ndarray:
+    """The mixed partial null of m comparisons: the even ones at Δ = 0, the odd ones at the margin's edge, +margin
+    and -margin in turn (both kinds of true hypothesis at once)."""
+    i = np.arange(m)
+    return np.where(i % 2 == 1, np.where(i % 4 == 1, margin, -margin), 0.0)
+
+
 def wrong(codes: np.ndarray, deltas: np.ndarray, margin: float) -> np.ndarray:
     """(S, m) verdicts the truth contradicts: equivalent when |delta| >= margin; better when delta >= 0; worse when
     delta <= 0."""

@@ -46,8 +46,7 @@ def scenarios(p, fam: list[dict], observed: dict[str, float] | None) -> list[tup
     m, M = len(fam), p.margin
     out = [("global null (every Δ 0)", np.zeros(m)),
            (f"equivalence null (|Δ| {M:g})", M * np.where(np.arange(m) % 2, -1.0, 1.0)),
-           (f"mixed partial null (Δ 0 / ±{M:g})", np.where(np.arange(m) % 2, M * np.where(np.arange(m) % 4 == 1, 1.0,
-                                                                                         -1.0), 0.0)),
+           (f"mixed partial null (Δ 0 / ±{M:g})", q.mixed_null(m, M)),
            (f"planned Δ (every Δ -{M:g})", np.full(m, -M))]
     if observed and all(r["arm"] in observed for r in fam):
         out.append(("the pilot's Δ per arm", np.array([observed[r["arm"]] for r in fam])))

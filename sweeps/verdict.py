@@ -138,11 +138,11 @@ class Verdict:
         if source is not None:
             self.say(f"lr searched at {source.name} only (seeds {list(p.search_seeds())}, mean per lr) and reused at "
                      "every size: model.parametrization=mup")
-            transferred = {arm.name: self.lr_stage(arm, source) for arm in p.arms}
+            transferred = self.lr_stages(source)
         if p.stop_early:
             self.say(p.sequential.text())
         for i, size in enumerate(p.sizes):
-            best = transferred if source is not None else {arm.name: self.lr_stage(arm, size) for arm in p.arms}
+            best = transferred if source is not None else self.lr_stages(size)
             if p.stop_early:
                 done = self.sequential_seeds(i, size, best)
             else:
@@ -156,10 +156,47 @@ class Verdict:
         self.say(f"report: python -m analysis.report {p.name}")
         return 0 if all(lr is not None for _, _, lr, _ in self.summary) else 1
 
-    def lr_stage(self, arm: ProtocolArm, size: Size) -> float | None:
+    def lr_stages(self, size: Size) -> dict[str, float | None]:
+        """Every arm's best lr at this size, the baseline's first (the walk starts the other arms from it)."""
+        base = next(a for a in self.p.arms if a.name == self.p.baseline)
+        best = {base.name: self.lr_stage(base, size)}
+        for arm in self.p.arms:
+            if arm.name != base.name:
+                best[arm.name] = self.lr_stage(arm, size, start=best[base.name])
+        return {a.name: best[a.name] for a in self.p.arms}
+
+    def lr_walk(self, arm: ProtocolArm, size: Size, start: float | None) -> float | None:
+        """verdict.lr.search: walk (sweeps/lr_walk.py): each (lr, seed) one single-trial Optuna study, so a probe's
+        first seed is reused when the walk confirms it, and a re-run or another worker resumes it."""
+        from sweeps import lr_walk
+
+        p, grid = self.p, sorted(arm.lr_grid or self.p.lr_grid)
+        ratio = grid[1] / grid[0] if len(grid) > 1 else 2.0
+        start = start or grid[(len(grid) - 1) // 2]
+
+        def value(lr, seeds):
+            lr = float(f"{lr:.6g}")
+            vals = [self._lr_points(arm, size, [lr], f"{p.name}.{size.name}.{arm.name}.lr@{lr:g}/s{s}", (s,))[lr]
+                    for s in seeds]
+            return sum(vals) / len(vals)
+
+        first, second = p.search_seeds()
+        best = float(f"{lr_walk.walk(value, start, ratio, first, second):.6g}")
+        mean = value(best, (first, second))
+        if mean == float("inf"):
+            self.say(f"size {size.name} arm {arm.name}: the walk found no lr that finished; no seeds for this arm")
+            return None
+        self.say(f"size {size.name} arm {arm.name}: best lr {best:g} by the walk from {start:g}, mean val bpb "
+                 f"{mean:.4f} over seeds {[first, second]}")
+        return best
+
+    def lr_stage(self, arm: ProtocolArm, size: Size, start: float | None = None) -> float | None:
         """The arm's best lr at this size: every (lr, seed) of the grid once, the lowest mean final val bpb over the
         lr seeds wins (a failed run counts as +inf); while the best lies at an edge and verdict.lr.extend allows,
-        the grid grows by one point past that edge (same ratio) and the new point is run."""
+        the grid grows by one point past that edge (same ratio) and the new point is run. verdict.lr.search: walk
+        runs `lr_walk` instead, from `start` (the baseline's lr)."""
+        if self.p.lr_search == "walk":
+            return self.lr_walk(arm, size, start)
         p, grid = self.p, sorted(arm.lr_grid or self.p.lr_grid)
         ratio = grid[1] / grid[0] if len(grid) > 1 else 2.0
         means = self._lr_points(arm, size, grid, f"{p.name}.{size.name}.{arm.name}.lr")
@@ -181,9 +218,11 @@ class Verdict:
                  f"seeds {list(p.search_seeds())}")
         return float(best)
 
-    def _lr_points(self, arm: ProtocolArm, size: Size, lrs: list[float], study_name: str) -> dict[float, float]:
-        """Run (or resume) one Optuna grid study over lrs x the lr seeds; {lr: mean val bpb} (+inf if a seed failed)."""
-        p, seeds = self.p, list(self.p.search_seeds())
+    def _lr_points(self, arm: ProtocolArm, size: Size, lrs: list[float], study_name: str,
+                   seeds: tuple[int, ...] | None = None) -> dict[float, float]:
+        """Run (or resume) one Optuna grid study over lrs x the lr seeds (`seeds`: these instead); {lr: mean val bpb}
+        (+inf if a seed failed)."""
+        p, seeds = self.p, list(seeds or self.p.search_seeds())
         space = {"optim.lr": {"type": "categorical", "choices": lrs}}
         if len(seeds) > 1:
             space["seed"] = {"type": "categorical", "choices": seeds}

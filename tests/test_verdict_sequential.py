@@ -61,3 +61,41 @@ def test_seeds_stop_once_decided_and_the_baseline_runs_while_any_is_open(tmp_pat
     assert Verdict(spec, train_fn=fake_train, out=io.StringIO()).sequential_seeds(
         0, spec.sizes[0], {a: 1e-3 for a in TRUTH}) == done
     assert trained == {}
+
+
+@pytest.mark.slow
+def test_the_lr_walk_starts_each_arm_from_the_baselines_lr(tmp_path, monkeypatch):
+    """verdict.lr.search: walk. The baseline walks from the middle of its grid, the arm from the baseline's choice;
+    each (lr, seed) runs once (a probe's first seed is reused when the walk confirms it)."""
+    monkeypatch.setattr("sweeps.study.MlflowLinks.check", lambda self: None)
+    trained = []
+    optimum = {"base": 4e-3, "arm": 1.6e-2}
+
+    def fake_train(cfg, callbacks=(), tags=None):  # bpb: |log2 distance| from the arm's optimum, seed 101 + 0.001
+        lr, seed, arm = float(cfg.optim.lr), int(cfg.seed), tags["verdict.arm"]
+        trained.append((arm, lr, seed))
+        return {"val_bpb": 2.0 + abs(np.log2(lr / optimum[arm])) * 0.01 + 0.001 * (seed == 101), "run_id": None}
+
+    spec = ProtocolSpec(name="walk", experiment=None, baseline="base",
+                        arms=[ProtocolArm("arm", "f", ()), ProtocolArm("base", "f", ())], sizes=[Size("s", 1e8, ())],
+                        seeds=1, seeds_largest=1, lr_grid=[1e-3, 2e-3, 4e-3, 8e-3], lr_seed=0,
+                        storage=f"sqlite:///{tmp_path}/optuna.db",
+                        overrides=["model=tiny", "tokenizer=byte", f"tracking.uri=sqlite:///{tmp_path}/m.db"],
+                        margin=0.02, margin_reason="r", lr_seeds=(100, 101), lr_search="walk")
+    best = Verdict(spec, train_fn=fake_train, out=io.StringIO()).lr_stages(spec.sizes[0])
+    assert best == pytest.approx({"arm": 1.6e-2, "base": 4e-3})
+    # the baseline from 2e-3 (the grid's middle): 2e-3, 1e-3, 4e-3, then 8e-3 (worse), the second seed at 4e-3
+    assert [t for t in trained if t[0] == "base"] == [
+        ("base", 2e-3, 100), ("base", 1e-3, 100), ("base", 4e-3, 100), ("base", 8e-3, 100), ("base", 4e-3, 101)]
+    # the arm from 4e-3: 4e-3, 2e-3, 8e-3, 1.6e-2, 3.2e-2 (worse), the second seed at 1.6e-2
+    assert sorted(lr for a, lr, s in trained if a == "arm") == [2e-3, 4e-3, 8e-3, 1.6e-2, 1.6e-2, 3.2e-2]
+    assert len(trained) == len(set(trained))
+
+
+def test_sequential_seeds_need_a_design():
+    from sweeps.protocol import VerdictError, load_spec
+
+    with pytest.raises(VerdictError, match="verdict.seeds=sequential without verdict.sequential"):
+        load_spec(["experiment=norms", "verdict.seeds=sequential", "verdict.sequential=null"])
+    p = load_spec(["experiment=norms", "verdict.seeds=4"])  # a fixed count: the design is kept but not used
+    assert not p.stop_early and p.seeds == 4 and "verdict.sequential.cap" not in p.tags(p.arms[1], p.sizes[0], "seeds")
