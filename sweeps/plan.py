@@ -18,6 +18,9 @@ uncertain, so the seeds needed at its 80% upper confidence bound are printed too
 per run; wall time: that budget over the arm's measured training FLOP/s in the pilot (tokens/s x FLOPs per token),
 plus the pilot's measured per-run start-up (wall_sec minus training time), divided over `workers` processes.
 
+`--simulate [studies=10000] [sim_seed=0]` adds the protocol's group-sequential design's error rates, power, seeds and
+cost per decided row from simulated studies (sweeps/simulate.py).
+
 Defaults come from the verdict file's `plan:` block; `verdict.seeds: plan` makes the protocol take its seed counts
 from here (the largest of its arms' needs at each size, capped at plan.max_seeds).
 """

@@ -32,6 +32,8 @@ from sweeps import lr_walk, sequential as q
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = ("known-results", "reports/known-results/mlflow.db.gz")
+# the other committed protocol stores with a two-seed lr stage (the lr-transfer stores are lr sweeps, not protocols)
+OTHERS = (("third-study", "reports/third-study/mlflow.db.gz"), ("recipe-pilot", "reports/recipe-pilot/mlflow.db.gz"))
 DESIGNS = [q.Design(3, 1, 12, "obrien-fleming", 0.05), q.Design(3, 3, 12, "obrien-fleming", 0.05),
            q.Design(4, 4, 12, "obrien-fleming", 0.05), q.Design(3, 3, 12, "pocock", 0.05),
            q.Design(3, 2, 12, "pocock", 0.05)]
@@ -72,6 +74,9 @@ def load_study(name: str, uri: str) -> Study:
     baseline = str(runs["verdict.baseline"].dropna().iloc[0])
     margin = float(runs["verdict.margin"].dropna().astype(float).iloc[0])
     seeds_runs = runs[runs["verdict.stage"] == "seeds"]
+    # the size with the most seeds (a ladder's secondary sizes get a few): the comparisons replayed
+    size = seeds_runs.groupby("verdict.size").size().idxmax()
+    seeds_runs = seeds_runs[seeds_runs["verdict.size"] == size]
     seeds = sorted({int(s) for s in seeds_runs["seed"]})
     order = [a for a in dict.fromkeys(seeds_runs["verdict.arm"]) if a != baseline]
 
@@ -263,6 +268,37 @@ def error_rates(design: q.Design, m: int, margin: float, studies: int = 10_000) 
     return [*lines, ""]
 
 
+def others(studies: list[Study], orders: int, seed: int) -> list[str]:
+    """The chosen design (capped at each study's own seeds) and the walk on the other committed stores."""
+    design = DESIGNS[CHOSEN]
+    lines = ["## The other committed studies", "",
+             f"The chosen seeds design ({design.spending}, a look at every {design.batch} seed(s) from "
+             f"{design.first}) capped at each study's seeds at its largest seeds-stage size, and the walk on its "
+             "lr stage; same orders and rules as above.", "",
+             "| study | comparisons (fixed verdict: agreement, seeds) | seeds-stage runs | lr-stage runs | lr gap max |",
+             "|---|---|---|---|---|"]
+    for st in studies:
+        rng = np.random.default_rng(seed)
+        n = len(st.seeds)
+        perms = np.stack([rng.permutation(n) for _ in range(orders)])
+        fixed = fixed_verdicts(st)
+        lr = replay_lr(st, orders, rng)
+        lr_runs = sum(lr[a]["runs"] for a in lr)
+        lr_before = sum(len(pt) for a in lr for pt in st.lr[a].values())
+        cells, runs_text = [], f"{(len(st.arms) + 1) * n} (cap {n} < first look {design.first}: not replayed)"
+        if n >= design.first:
+            d = q.Design(design.first, design.batch, n, design.spending, design.alpha)
+            r = replay_seeds(st, d, perms)
+            runs = r["seeds"].sum(1) + r["baseline_seeds"]
+            runs_text = f"{runs.mean():.1f} of {(len(st.arms) + 1) * n} (looks {d.looks()})"
+            for i, arm in enumerate(st.arms):
+                agree = np.mean([CODE_TEXT[c] == fixed[i] for c in r["codes"][:, i]])
+                cells.append(f"{arm} ({fixed[i]}: {agree:.3f}, {r['seeds'][:, i].mean():.1f})")
+        lines.append(f"| {st.name} | {'; '.join(cells) or ', '.join(st.arms)} | {runs_text} | "
+                     f"{lr_runs.mean():.1f} of {lr_before} | {max(lr[a]['gap'].max() for a in lr):.4f} |")
+    return [*lines, ""]
+
+
 def large_cap(st: Study, lr_core_s: float, studies: int = 10_000) -> list[str]:
     """The planner at a larger cap (LARGE): simulated studies with the study's own Δ and sd per arm (the baseline's at its
     own), run times the store's mean per arm: the expected and 95th-percentile cost of deciding every row."""
@@ -302,14 +338,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.orders < 10:
         print(f"error: --orders={a.orders}: at least 10 orders (2000 give shares to about ±0.01)", file=sys.stderr)
         return 2
-    name, gz = STUDY
-    with unpacked(REPO / gz) as uri:
-        st = load_study(name, uri)
+    studies = []
+    for name, gz in (STUDY, *OTHERS):
+        with unpacked(REPO / gz) as uri:
+            studies.append(load_study(name, uri))
+    st = studies[0]
     cmd = "python -m sweeps.replay" + (f" --orders {a.orders}" if a.orders != 2000 else "") + \
         (f" --seed {a.seed}" if a.seed else "")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "index.md").write_text(report(st, a.orders, a.seed, cmd))
+    (out / "index.md").write_text(report(st, a.orders, a.seed, cmd) + "\n".join(others(studies[1:], a.orders, a.seed)))
     print(f"wrote {out / 'index.md'}")
     return 0
 

@@ -144,3 +144,15 @@ def test_the_planner_simulates_a_protocols_design(capsys):
     assert main(["verdict=second-study", "sd=0.01", "--simulate"]) == 2  # no design: one line
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "verdict.sequential" in err[0]
+
+
+def test_the_report_prints_the_recorded_design():
+    import pandas as pd
+
+    from analysis.protocol import sequential_design
+
+    tags = {"verdict.sequential.first": "3", "verdict.sequential.batch": "1", "verdict.sequential.cap": "12",
+            "verdict.sequential.spending": "obrien-fleming", "verdict.sequential.alpha": "0.05"}
+    text = sequential_design(pd.DataFrame([tags, tags]))
+    assert "a look at 3 seeds per arm, then every 1 more, to a cap of 12; obrien-fleming" in text and "0.05" in text
+    assert sequential_design(pd.DataFrame([{"verdict.margin": "0.02"}])) == ""  # a fixed seed count: no line
