@@ -363,6 +363,8 @@ def protocol_summary(ctx: Context) -> list[str]:
              f"and {len(p.lr)} lr-stage runs, {len(p.arms)} arms x {len(p.sizes)} sizes -> {ctx.out / 'index.md'}",
              f"verdicts on {VERDICT_METRIC}: equivalence margin {margin_text(ctx.margin.value)} bits/byte "
              f"({ctx.margin.source}); Holm family: {p.holm} ({p.holm_source})"]
+    if sequential_design(p.seeds):
+        lines.append(sequential_design(p.seeds))
     if ctx.floor is not None:
         lines.append("n-gram floor (bpb by order): " + ", ".join(f"{n}: {v:.4f}" for n, v in ctx.floor.bpb.items()))
     return lines + [f"scaling: {ctx.once(scaling_of).summary}"]
@@ -423,6 +425,19 @@ def _commit_headline(p: ProtocolRuns) -> list:
                   "here may have run different code (see [Provenance](#provenance)).")]
 
 
+def sequential_design(seeds: pd.DataFrame) -> str:
+    """The group-sequential design the seeds-stage runs recorded (verdict.sequential.* tags, issue 36), in words;
+    "" for runs of a fixed seed count."""
+    keys = ("first", "batch", "cap", "spending", "alpha")
+    cols = [f"verdict.sequential.{k}" for k in keys]
+    if not all(c in seeds for c in cols) or seeds[cols].dropna().empty:
+        return ""
+    got = {k: ", ".join(sorted(seeds[c].dropna().astype(str).unique())) for k, c in zip(keys, cols)}
+    return (f"Seeds added sequentially (fixed before the runs, recorded on every run): a look at {got['first']} seeds "
+            f"per arm, then every {got['batch']} more, to a cap of {got['cap']}; {got['spending']} alpha spending "
+            f"(Lan-DeMets) at family-wise alpha {got['alpha']} over one family of differences and equivalences")
+
+
 def _margin_blocks(ctx: Context) -> list:
     mg, t = ctx.margin, ctx.table
     if not np.isfinite(mg.value):
@@ -433,6 +448,10 @@ def _margin_blocks(ctx: Context) -> list:
     wide = [f"`{r['size']}` ({mg.value / r['mean']:.1%} of {r['mean']:.4f})" for _, r in base.iterrows()
             if mg.wide(float(r["mean"]))]
     out = [("p", text)]
+    if sequential_design(ctx.protocol.seeds):
+        out.append(("p", sequential_design(ctx.protocol.seeds) + ". Each comparison stopped getting seeds once the "
+                         "sequential rule decided it (sweeps/sequential.py); the verdicts below are this report's "
+                         "fixed rule on the seeds each arm got, the protocol's log has the stopping rule's own."))
     if wide:
         out.append(("p", f"**Wide margin**: m is more than {WIDE_MARGIN:.0%} of the baseline's val bpb at "
                          + ", ".join(wide) + ". An equivalence that only a wide margin buys is not a finding; "

@@ -18,6 +18,9 @@ uncertain, so the seeds needed at its 80% upper confidence bound are printed too
 per run; wall time: that budget over the arm's measured training FLOP/s in the pilot (tokens/s x FLOPs per token),
 plus the pilot's measured per-run start-up (wall_sec minus training time), divided over `workers` processes.
 
+`--simulate [studies=10000] [sim_seed=0]` adds the protocol's group-sequential design's error rates, power, seeds and
+cost per decided row from simulated studies (sweeps/simulate.py).
+
 Defaults come from the verdict file's `plan:` block; `verdict.seeds: plan` makes the protocol take its seed counts
 from here (the largest of its arms' needs at each size, capped at plan.max_seeds). `json=FILE` also writes the sd
 each arm's seeds are planned for (`planned`), which the protocol's report takes with `--plan FILE` to flag an arm
@@ -104,16 +107,22 @@ def flop_rate(runs, arm: str) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------- plan
 def family_size(p, arm: str, size: str) -> int:
     """m of the Holm family the comparison (arm, size) belongs to, as the protocol declares it."""
-    arms = [a for a in p.arms if a.name != p.baseline and (not p.primary_arms or a.name in p.primary_arms)]
-    sizes = [s.name for s in p.sizes if not p.primary_sizes or s.name in p.primary_sizes]
-    if not any(a.name == arm for a in arms) or size not in sizes:  # secondary: its own family of the rest
-        return max(1, (len(p.arms) - 1) * len(p.sizes) - len(arms) * len(sizes))
+    return len(family_members(p, arm, size))
+
+
+def family_members(p, arm: str, size: str) -> list[tuple[str, str]]:
+    """The comparisons (arm, size) of the Holm family that (arm, size) belongs to: every primary comparison of the
+    study, of its size, or of its arm family at its size (verdict.holm); a secondary one's family is the rest."""
+    every = [(a.name, s.name) for s in p.sizes for a in p.arms if a.name != p.baseline]
+    primary = [c for c in every if p.is_primary(*c)]
+    if (arm, size) not in primary:
+        return [c for c in every if c not in primary]
     if p.holm == "study":
-        return len(arms) * len(sizes)
+        return primary
     if p.holm == "size":
-        return len(arms)
-    fam = next(a.family for a in p.arms if a.name == arm)
-    return sum(a.family == fam for a in arms)
+        return [c for c in primary if c[1] == size]
+    family = {a.name: a.family for a in p.arms}
+    return [c for c in primary if c[1] == size and family[c[0]] == family[arm]]
 
 
 def settings(p, overrides: dict | None = None) -> dict:
@@ -204,19 +213,16 @@ def check_pilot_depth(p, rows: list[dict], min_seeds: int) -> None:
     or not): the sd of 2 seeds has a 95% interval from 0.45x to 32x its value, so a plan built on it is a guess."""
     for r in rows:
         df = min(r["df_arm"], r["df_baseline"])
-        if _is_primary(p, r["arm"], r["size"]) and df < min_seeds - 1:
+        if p.is_primary(r["arm"], r["size"]) and df < min_seeds - 1:
             raise ValueError(f"the pilot's seed spread for {r['arm']} at {r['size']} rests on {df + 1} seeds "
                              f"({r['sd_source']}); plan.min_pilot_seeds={min_seeds}: run a pilot of at least "
                              f"{min_seeds} seeds, or give plan.sd=S")
 
 
-def _is_primary(p, arm: str, size: str) -> bool:
-    return (not p.primary_arms or arm in p.primary_arms) and (not p.primary_sizes or size in p.primary_sizes)
-
-
 # ---------------------------------------------------------------------------------------------- CLI
 OWN_KEYS = ("pilot", "pilot_uri", "pilot_arm", "sd_at", "sd", "power", "alpha", "max_seeds", "goal", "workers",
             "min_pilot_seeds")
+SIM_KEYS = ("studies", "sim_seed")  # --simulate: how many simulated studies, and their RNG seed
 
 
 def _n(v) -> str:
@@ -244,14 +250,11 @@ def render(p, s: dict, rows: list[dict]) -> list[str]:
         at = [r for r in rows if r["size"] == size.name]
         run_s = {r["arm"]: r["run_s"] for r in at} | ({p.baseline: at[0]["baseline_run_s"]} if at else {})
         per_size = n * sum(run_s.values())
-        # every arm runs its own grid (or the protocol's) at every lr seed; a transferred lr is searched at one size
-        searched = p.lr_transfer_from in (None, size.name)
-        lr_runs = {a.name: len(a.lr_grid or p.lr_grid) * len(p.search_seeds()) * searched for a in p.arms}
-        lr_stage = sum(lr_runs[a] * run_s.get(a, math.nan) for a in lr_runs)
+        lr_runs, lr_stage = lr_stage_cost(p, size, rows)
         core += per_size + lr_stage
         lines.append(f"size {size.name}: {n} seeds x {len(p.arms)} arms at {size.budget_flops:.3g} FLOPs each "
                      f"({n * len(p.arms) * size.budget_flops:.3g} FLOPs); seeds stage {per_size / 60:.1f} core-min, "
-                     f"lr stage ({sum(lr_runs.values())} runs before any extension) {lr_stage / 60:.1f} core-min")
+                     f"lr stage ({lr_runs} runs before any extension) {lr_stage / 60:.1f} core-min")
     lines.append(f"total: {core / 60:.1f} core-minutes; wall {core / 60 / s['workers']:.1f} min on {s['workers']} "
                  "worker(s) (from the pilot's measured FLOP/s and start-up per run; n/a without a pilot)")
     return lines
@@ -267,19 +270,43 @@ def planned(p, s: dict, rows: list[dict]) -> dict:
         return sd_upper(sd, df) if s["sd_at"] == "upper" and df else sd
 
     return {"tool": "sweeps.plan", "protocol": p.name, "sd_at": s["sd_at"], "sd_given": s["sd"], "seeds": seeds,
-            "rows": [{"size": r["size"], "arm": r["arm"], "primary": _is_primary(p, r["arm"], r["size"]),
+            "rows": [{"size": r["size"], "arm": r["arm"], "primary": p.is_primary(r["arm"], r["size"]),
                       "sd_arm": at(r["sd_arm"], r["df_arm"]), "sd_baseline": at(r["sd_baseline"], r["df_baseline"]),
                       "sd_arm_estimate": r["sd_arm"], "sd_baseline_estimate": r["sd_baseline"],
                       "sd_source": r["sd_source"]} for r in rows]}
+
+
+def lr_stage_cost(p, size, rows: list[dict]) -> tuple[int, float]:
+    """(runs, core-seconds) of the lr stage at a size before any extension: every arm runs its own grid (or the
+    protocol's) at every lr seed; a transferred lr is searched at one size."""
+    at = [r for r in rows if r["size"] == size.name]
+    run_s = {r["arm"]: r["run_s"] for r in at} | ({p.baseline: at[0]["baseline_run_s"]} if at else {})
+    searched = p.lr_transfer_from in (None, size.name)
+    lr_runs = {a.name: len(a.lr_grid or p.lr_grid) * len(p.search_seeds()) * searched for a in p.arms}
+    return sum(lr_runs.values()), sum(lr_runs[a] * run_s.get(a, math.nan) for a in lr_runs)
 
 
 def plan_seeds_from_rows(p, s: dict, rows: list[dict]) -> dict[str, int]:
     out = {}
     for size in p.sizes:
         needs = [chosen(r, s["goal"], s["sd_at"]) for r in rows
-                 if r["size"] == size.name and _is_primary(p, r["arm"], size.name)]
+                 if r["size"] == size.name and p.is_primary(r["arm"], size.name)]
         out[size.name] = s["secondary_seeds"] if not needs else max(s["max_seeds"] if n is None else n for n in needs)
     return out
+
+
+def simulation(p, s: dict, rows: list[dict], runs, studies: int = 10_000, sim_seed: int = 0) -> list[str]:
+    """--simulate: the sequential design's error rates and cost (sweeps/simulate.py)."""
+    from sweeps import simulate
+
+    if p.sequential is None:
+        raise ValueError(f"--simulate: protocol {p.name} has no verdict.sequential design; add one to the verdict file "
+                         "or pass '+verdict.sequential={first: 3, batch: 3, cap: 12}'")
+    if isinstance(studies, bool) or not isinstance(studies, int) or studies < 100:
+        raise ValueError(f"invalid studies={studies!r}: expected an integer >= 100 (10000 gives a 95% interval of "
+                         "about ±0.004 at an error of 0.05)")
+    lr_core = sum(lr_stage_cost(p, size, rows)[1] for size in p.sizes)
+    return simulate.render(p, s, rows, runs, lr_core, studies=studies, seed=int(sim_seed))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,9 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    simulate = "--simulate" in argv
+    argv = [a for a in argv if a != "--simulate"]
     own = {k: yaml.safe_load(v) for k, _, v in (a.partition("=") for a in argv) if k in OWN_KEYS}
     json_path = next((v for k, _, v in (a.partition("=") for a in argv) if k == "json"), None)
-    rest = [a for a in argv if a.partition("=")[0] not in (*OWN_KEYS, "json")]
+    sim = {k: yaml.safe_load(v) for k, _, v in (a.partition("=") for a in argv) if k in SIM_KEYS}
+    rest = [a for a in argv if a.partition("=")[0] not in (*OWN_KEYS, *SIM_KEYS, "json")]
 
     def go() -> int:
         p = load_spec(rest)  # `seeds: plan` is what this prints, never read here
@@ -301,9 +331,10 @@ def main(argv: list[str] | None = None) -> int:
             s = settings(p, own)
             runs = pilot_frame(s["pilot"], s["pilot_uri"] or protocol_uri(p)) if s["sd"] is None else None
             rows = plan_rows(p, s, runs)
+            lines = render(p, s, rows) + (simulation(p, s, rows, runs, **sim) if simulate else [])
         except (ValueError, LookupError) as e:
             raise VerdictError(str(e)) from None
-        print("\n".join(render(p, s, rows)))
+        print("\n".join(lines))
         if json_path:
             try:
                 Path(json_path).write_text(json.dumps(planned(p, s, rows), indent=1) + "\n")

@@ -17,9 +17,12 @@ from omegaconf.errors import OmegaConfBaseException
 from ablations.compose import CONF_DIR, compose_here, compose_run, config_dir
 from ablations.errors import one_line
 from ablations.tracking import tracking_uri
+from modules.errors import ConfigError
+from sweeps.sequential import Design, design_from
 from sweeps.study import SweepError, parse_overrides as _parse_overrides
 
-HOLM_SCOPES = ("study", "size", "arm-family")  # one Holm family: every primary comparison / per size / per family+size
+HOLM_SCOPES = ("study", "size", "arm-family")
+LR_SEARCHES = ("grid", "walk")  # verdict.lr.search: the exhaustive grid, or the lean walk (sweeps/lr_walk.py)  # one Holm family: every primary comparison / per size / per family+size
 
 
 class VerdictError(SweepError):
@@ -67,10 +70,13 @@ class ProtocolSpec:
     lr_seeds: tuple[int, ...] = ()     # the lr stage's seeds (verdict.lr.seeds; () = (lr_seed,)): mean over them
     lr_transfer_from: str | None = None  # search lr at this size only; the other sizes reuse it (needs mup)
     lr_extend: int = 0                 # grid points the lr stage may add beyond an edge until the best is interior
+    lr_search: str = "grid"            # verdict.lr.search (LR_SEARCHES)
     workers: int = 1                   # local processes (verdict.workers): lr studies shared, seeds split
     worker: tuple[int, int] = (0, 1)   # (this process's index, how many): its share of every size's seeds
     planned: bool = False              # verdict.seeds: plan (seeds_by_size still to be filled by sweeps.plan)
     recipe: tuple[str, ...] = ()       # verdict.recipe: the training recipe, before the size's, arm's and user's
+    sequential: Design | None = None   # verdict.sequential: the group-sequential design (sweeps.sequential)
+    stop_early: bool = False           # verdict.seeds: sequential (seeds in batches, each comparison stopped once decided)
 
     def search_seeds(self) -> tuple[int, ...]:
         return self.lr_seeds or (self.lr_seed,)
@@ -102,7 +108,13 @@ class ProtocolSpec:
                 "verdict.budget_flops": f"{size.budget_flops:g}", "verdict.margin": f"{self.margin:g}",
                 "verdict.margin_reason": self.margin_reason[:5000], "verdict.holm": self.holm,
                 "verdict.primary": self.primary_text(), "verdict.allow_dirty": str(self.allow_dirty).lower(),
-                "verdict.paired": str(self.paired).lower()}
+                "verdict.paired": str(self.paired).lower(),
+                **(self.sequential.tags() if self.stop_early and self.sequential else {})}
+
+    def is_primary(self, arm: str, size: str) -> bool:
+        """Whether (arm, size) is a primary comparison: in the declared Holm family and the planner's sizing."""
+        return (not self.primary_arms or arm in self.primary_arms) and (not self.primary_sizes or size in
+                                                                       self.primary_sizes)
 
     def primary_text(self) -> str:
         """The primary comparisons as a tag: `arms=a,b;sizes=m` (`*`: every non-baseline arm / every size)."""
@@ -216,18 +228,27 @@ def load_spec(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
     name = v.get("name") or OmegaConf.select(probe, "tracking.experiment") or experiment
     sizes = _sizes(v)
     planned = v.get("seeds") == "plan"
+    stop_early = v.get("seeds") == "sequential"
+    try:
+        design = design_from(v["sequential"]) if v.get("sequential") is not None else None
+    except ConfigError as e:
+        raise VerdictError(str(e)) from None
+    if stop_early and design is None:
+        raise VerdictError("invalid verdict.seeds=sequential without verdict.sequential: give the design, e.g. "
+                           "sequential: {first: 3, batch: 3, cap: 12, spending: obrien-fleming, alpha: 0.05}")
     recipe = v.get("recipe") or []
     if not isinstance(recipe, list) or not all(isinstance(o, str) and "=" in o for o in recipe):
         raise VerdictError(f"invalid verdict.recipe={recipe!r}: expected a list of KEY=VALUE training overrides "
                            "(e.g. [optim.schedule=wsd]), or [] for the experiment's own recipe")
     return ProtocolSpec(
         name=str(name), experiment=experiment, baseline=str(baseline), arms=arms, sizes=sizes,
-        seeds=1 if planned else _need(v, "seeds", int, "an integer >= 1 or plan"),
-        seeds_largest=1 if planned else _need(v, "seeds_largest", int, "an integer >= 1"),
+        seeds=design.cap if stop_early else 1 if planned else _need(v, "seeds", int, "an integer >= 1, plan or sequential"),
+        seeds_largest=design.cap if stop_early else 1 if planned else _need(v, "seeds_largest", int, "an integer >= 1"),
         lr_grid=[float(x) for x in grid], lr_seed=int(v.get("lr", {}).get("seed", 0)),
         storage=_need(v, "storage", str, "an Optuna storage URL"),
         overrides=[*(str(o) for o in v.get("overrides") or []), *run_ov], **_statistics(v, arms, sizes),
-        **_lr_search(v.get("lr", {}), sizes, probe), **_workers(v), planned=planned, recipe=tuple(recipe))
+        **_lr_search(v.get("lr", {}), sizes, probe), **_workers(v), planned=planned, recipe=tuple(recipe),
+        sequential=design, stop_early=stop_early)
 
 
 def protocol_uri(p: ProtocolSpec, conf_dir: Path = CONF_DIR) -> str:
@@ -260,7 +281,14 @@ def _lr_search(lr: Mapping, sizes: list[Size], probe) -> dict:
                                f"{OmegaConf.select(probe, 'model.parametrization', default='sp')}: the lr transfers "
                                "across widths only under mup; set model.parametrization=mup (and model.mup.base_width)"
                                " or remove lr.transfer_from")
-    return {"lr_seeds": tuple(seeds), "lr_extend": extend, "lr_transfer_from": source}
+    search = lr.get("search", "grid")
+    if search not in LR_SEARCHES:
+        raise VerdictError(f"invalid verdict.lr.search={search!r}: choose grid (every lr of the grid at every lr seed) "
+                           "or walk (sweeps/lr_walk.py)")
+    if search == "walk" and len(seeds) != 2:
+        raise VerdictError(f"invalid verdict.lr.seeds={seeds!r} with verdict.lr.search=walk: the walk probes with the "
+                           "first seed and confirms with the second; give two, e.g. [100, 101]")
+    return {"lr_seeds": tuple(seeds), "lr_extend": extend, "lr_transfer_from": source, "lr_search": search}
 
 
 def _workers(v: Mapping) -> dict:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
+import numpy as np
 import optuna
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -137,23 +138,65 @@ class Verdict:
         if source is not None:
             self.say(f"lr searched at {source.name} only (seeds {list(p.search_seeds())}, mean per lr) and reused at "
                      "every size: model.parametrization=mup")
-            transferred = {arm.name: self.lr_stage(arm, source) for arm in p.arms}
+            transferred = self.lr_stages(source)
+        if p.stop_early:
+            self.say(p.sequential.text())
         for i, size in enumerate(p.sizes):
-            best = transferred if source is not None else {arm.name: self.lr_stage(arm, size) for arm in p.arms}
-            share = p.my_seeds(i, [a for a in p.arms if best[a.name]])
+            best = transferred if source is not None else self.lr_stages(size)
+            if p.stop_early:
+                done = self.sequential_seeds(i, size, best)
+            else:
+                share = p.my_seeds(i, [a for a in p.arms if best[a.name]])
+                done = {a.name: self.seeds_stage(a, size, best[a.name], share[a.name]) for a in p.arms if best[a.name]}
             for arm in p.arms:
-                done = self.seeds_stage(arm, size, best[arm.name], share[arm.name]) if best[arm.name] else 0
-                self.summary.append((size.name, arm.name, best[arm.name], done))
+                self.summary.append((size.name, arm.name, best[arm.name], done.get(arm.name, 0)))
         for size, arm, lr, done in self.summary:
             self.say(f"size {size} arm {arm}: best lr {lr if lr is not None else 'none (every lr failed)'}, "
                      f"{done} seed run(s) finished")
         self.say(f"report: python -m analysis.report {p.name}")
         return 0 if all(lr is not None for _, _, lr, _ in self.summary) else 1
 
-    def lr_stage(self, arm: ProtocolArm, size: Size) -> float | None:
+    def lr_stages(self, size: Size) -> dict[str, float | None]:
+        """Every arm's best lr at this size, the baseline's first (the walk starts the other arms from it)."""
+        base = next(a for a in self.p.arms if a.name == self.p.baseline)
+        best = {base.name: self.lr_stage(base, size)}
+        for arm in self.p.arms:
+            if arm.name != base.name:
+                best[arm.name] = self.lr_stage(arm, size, start=best[base.name])
+        return {a.name: best[a.name] for a in self.p.arms}
+
+    def lr_walk(self, arm: ProtocolArm, size: Size, start: float | None) -> float | None:
+        """verdict.lr.search: walk (sweeps/lr_walk.py): each (lr, seed) one single-trial Optuna study, so a probe's
+        first seed is reused when the walk confirms it, and a re-run or another worker resumes it."""
+        from sweeps import lr_walk
+
+        p, grid = self.p, sorted(arm.lr_grid or self.p.lr_grid)
+        ratio = grid[1] / grid[0] if len(grid) > 1 else 2.0
+        start = start or grid[(len(grid) - 1) // 2]
+
+        def value(lr, seeds):
+            lr = float(f"{lr:.6g}")
+            vals = [self._lr_points(arm, size, [lr], f"{p.name}.{size.name}.{arm.name}.lr@{lr:g}/s{s}", (s,))[lr]
+                    for s in seeds]
+            return sum(vals) / len(vals)
+
+        first, second = p.search_seeds()
+        best = float(f"{lr_walk.walk(value, start, ratio, first, second):.6g}")
+        mean = value(best, (first, second))
+        if mean == float("inf"):
+            self.say(f"size {size.name} arm {arm.name}: the walk found no lr that finished; no seeds for this arm")
+            return None
+        self.say(f"size {size.name} arm {arm.name}: best lr {best:g} by the walk from {start:g}, mean val bpb "
+                 f"{mean:.4f} over seeds {[first, second]}")
+        return best
+
+    def lr_stage(self, arm: ProtocolArm, size: Size, start: float | None = None) -> float | None:
         """The arm's best lr at this size: every (lr, seed) of the grid once, the lowest mean final val bpb over the
         lr seeds wins (a failed run counts as +inf); while the best lies at an edge and verdict.lr.extend allows,
-        the grid grows by one point past that edge (same ratio) and the new point is run."""
+        the grid grows by one point past that edge (same ratio) and the new point is run. verdict.lr.search: walk
+        runs `lr_walk` instead, from `start` (the baseline's lr)."""
+        if self.p.lr_search == "walk":
+            return self.lr_walk(arm, size, start)
         p, grid = self.p, sorted(arm.lr_grid or self.p.lr_grid)
         ratio = grid[1] / grid[0] if len(grid) > 1 else 2.0
         means = self._lr_points(arm, size, grid, f"{p.name}.{size.name}.{arm.name}.lr")
@@ -175,9 +218,11 @@ class Verdict:
                  f"seeds {list(p.search_seeds())}")
         return float(best)
 
-    def _lr_points(self, arm: ProtocolArm, size: Size, lrs: list[float], study_name: str) -> dict[float, float]:
-        """Run (or resume) one Optuna grid study over lrs x the lr seeds; {lr: mean val bpb} (+inf if a seed failed)."""
-        p, seeds = self.p, list(self.p.search_seeds())
+    def _lr_points(self, arm: ProtocolArm, size: Size, lrs: list[float], study_name: str,
+                   seeds: tuple[int, ...] | None = None) -> dict[float, float]:
+        """Run (or resume) one Optuna grid study over lrs x the lr seeds (`seeds`: these instead); {lr: mean val bpb}
+        (+inf if a seed failed)."""
+        p, seeds = self.p, list(seeds or self.p.search_seeds())
         space = {"optim.lr": {"type": "categorical", "choices": lrs}}
         if len(seeds) > 1:
             space["seed"] = {"type": "categorical", "choices": seeds}
@@ -216,6 +261,99 @@ class Verdict:
                 except AblationsError as e:  # diverged / bad data: the run is FAILED in MLflow; the report lists it
                     self.say(f"size {size.name} arm {arm.name}: seed {seed} failed: {_short(e)}")
         return finished
+
+    def sequential_seeds(self, size_index: int, size: Size, best: Mapping[str, float | None]) -> dict[str, int]:
+        """verdict.seeds: sequential. Look by look (verdict.sequential), the baseline and every open comparison's arm
+        get the look's seeds (split over the workers as in `my_seeds`); once every run of the look has ended (the
+        other workers' too), the declared family is decided by sweeps.sequential.decide on the store's values and a
+        decided comparison gets no more seeds. The baseline runs while any comparison is open. -> finished runs."""
+        p, design = self.p, self.p.sequential
+        seeds = p.seed_list(size_index)  # the cap's seeds
+        base = next(a for a in p.arms if a.name == p.baseline)
+        open_ = [a for a in p.arms if a.name != p.baseline and best[a.name]]
+        done: dict[str, int] = {}
+        start = 0
+        for k, n in enumerate(design.looks()):
+            train = [base, *open_] if best[base.name] else []
+            pairs = [(a.name, s) for s in seeds[start:n] for a in train]
+            i, count = p.worker
+            mine = pairs[i::count]
+            for a in train:
+                done[a.name] = done.get(a.name, 0) + self.seeds_stage(
+                    a, size, best[a.name], [s for name, s in mine if name == a.name])
+            values = self._wait_for_look(size, {(a.name, s) for a in train for s in seeds[:n]})
+            closed = self._decided(size_index, values)
+            now = [a.name for a in open_ if a.name in closed]
+            open_ = [a for a in open_ if a.name not in closed]
+            self.say(f"size {size.name} look {k + 1} ({n} seeds): " + (f"decided {', '.join(now)}; " if now else "")
+                     + (f"open {', '.join(a.name for a in open_)}" if open_ else "every comparison decided"))
+            start = n
+            if not open_:
+                break
+        if open_:
+            self.say(f"size {size.name}: inconclusive at the cap ({design.cap} seeds): "
+                     f"{', '.join(a.name for a in open_)}")
+        return done
+
+    def _decided(self, size_index: int, values: Mapping[tuple[str, str, int], float]) -> set[str]:
+        """The arms at this size whose comparison the sequential rule has decided, on the declared family's values
+        (arm, size, seed) -> final val bpb (NaN: the run failed) so far; a look a comparison has no seeds for
+        counts as not reached."""
+        from analysis.stats import tost, welch
+        from sweeps import sequential as q
+        from sweeps.plan import family_members
+
+        p, design = self.p, self.p.sequential
+        size = p.sizes[size_index].name
+        arms = [a.name for a in p.arms if a.name != p.baseline]
+        closed = set()
+        families = {tuple(family_members(p, a, size)) for a in arms}
+        for fam in families:
+            looks = design.looks()
+            p_diff, p_equiv = np.full((1, len(fam), len(looks)), np.nan), np.full((1, len(fam), len(looks)), np.nan)
+            for j, (arm, at) in enumerate(fam):
+                order = p.seed_list([s.name for s in p.sizes].index(at))
+                for k, n in enumerate(looks):
+                    got = [values.get((arm, at, s)) for s in order[:n]]
+                    ref = [values.get((p.baseline, at, s)) for s in order[:n]]
+                    if any(v is None for v in got + ref):
+                        continue  # this look has not been reached
+                    p_diff[0, j, k] = welch(got, ref)["p_value"]
+                    p_equiv[0, j, k] = tost(got, ref, p.margin)["p_value"]
+            d = q.decide(p_diff, p_equiv, *q.level_table(design, len(fam)))
+            closed |= {arm for j, (arm, at) in enumerate(fam)
+                       if at == size and (d.reject_diff[0, j] or d.reject_equiv[0, j])}
+        return closed
+
+    def _wait_for_look(self, size: Size, needed: set[tuple[str, int]], poll_s: float = 5.0) -> dict:
+        """(arm, size, seed) -> final val bpb of the protocol's seeds-stage runs (NaN: FAILED or KILLED), once every
+        (arm, seed) of `needed` at this size has one that ended (another worker may still be training its share)."""
+        import time
+
+        from ablations.tracking import client as mlflow_client
+
+        client = mlflow_client(protocol_uri(self.p, self.conf_dir))
+        said = False
+        while True:
+            exp = client.get_experiment_by_name(self.p.name)
+            runs = [] if exp is None else client.search_runs(
+                [exp.experiment_id], f"tags.`verdict.protocol` = '{self.p.name}' and tags.`verdict.stage` = 'seeds'",
+                max_results=50000)
+            values: dict = {}
+            for r in runs:
+                if r.info.status not in ("FINISHED", "FAILED", "KILLED") or "seed" not in r.data.tags:
+                    continue
+                key = (r.data.tags["verdict.arm"], r.data.tags["verdict.size"], int(r.data.tags["seed"]))
+                v = r.data.metrics.get("final_val_bpb") if r.info.status == "FINISHED" else None
+                if key not in values or v is not None:  # a FINISHED run wins over a failed attempt
+                    values[key] = float("nan") if v is None else float(v)
+            missing = [(a, s) for a, s in needed if (a, size.name, s) not in values]
+            if not missing:
+                return values
+            if not said:
+                self.say(f"size {size.name}: waiting for {len(missing)} run(s) of the look on other workers")
+                said = True
+            time.sleep(poll_s)
 
     def _earlier_commits(self) -> dict[str, int]:
         """commit -> number of runs of this protocol already in MLflow (any stage, any status)."""

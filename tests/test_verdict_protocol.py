@@ -31,7 +31,7 @@ def verdict_args(cwd, shakespeare_path, *extra):
     # one lr seed, no grid growth (the defaults search two seeds per lr and grow the grid: test_verdict_lr_seeds.py
     # and test_verdict_transfer.py run those); the default recipe (wsd) stays
     return ["verdict.name=tinyverdict", ARMS, SIZES, "verdict.lr.grid=[0.002,0.02]", "verdict.seeds=1",
-            "verdict.lr.seeds=null", "verdict.lr.extend=0",
+            "verdict.lr.seeds=null", "verdict.lr.extend=0", "verdict.lr.search=grid",
             "verdict.seeds_largest=2", f"verdict.storage=sqlite:///{cwd}/optuna.db", "verdict.margin=0.05",
             "verdict.margin_reason=a test", "verdict.allow_dirty=true",  # the working tree of a test may be dirty
             *base, *extra]
@@ -157,6 +157,10 @@ BAD_PROTOCOLS = [
     ("verdict.holm=family", "verdict.holm='family'"),
     ("verdict.primary={arms:[nope]}", "verdict.primary.arms=['nope']"),
     ("verdict.recipe=[wsd]", "verdict.recipe=['wsd']: expected a list of KEY=VALUE training overrides"),
+    ("verdict.sequential={first:3,batch:0,cap:12}", "verdict.sequential.batch=0"),
+    ("+verdict.sequential={first:4,batch:2,cap:3}", "verdict.sequential.cap=3: below the first batch"),
+    ("+verdict.sequential={first:3,batch:3,cap:12,spending:peto}", "verdict.sequential.spending='peto'"),
+    ("+verdict.sequential={first:3,batch:3,cap:12,alpha:1.0}", "verdict.sequential.alpha=1.0"),
 ]
 
 
@@ -239,6 +243,9 @@ def test_the_default_protocol_trains_the_pilots_recipe_and_searches_lr_per_arm()
     p, optim = optim_of([])
     assert optim == ("wsd", 0.02, 0.2, 0.0, "sp")
     assert p.lr_seeds == (100, 101) and p.lr_extend == 2 and p.lr_transfer_from is None
+    # issue 36: the sequential seeds and the lr walk, the design the replay and the simulation chose
+    assert p.stop_early and p.sequential.looks() == tuple(range(3, 13)) and p.sequential.spending == "obrien-fleming"
+    assert p.lr_search == "walk" and p.seeds == 12
     assert optim_of(["optim.schedule=cosine"])[1][0] == "cosine"  # the user's override comes last
     assert optim_of([], ("optim.schedule=cosine",))[1][0] == "cosine"  # an arm's comes after the recipe too
     # without the recipe: the experiment's own (the harness's cosine with its 3e-4 floor)
