@@ -1,0 +1,173 @@
+"""The ladder's trend statistics (analysis/ladder.py) against answers worked here without its code:
+
+- a four-point weighted fit worked by hand in fractions (slope 51/19, its standard error 18/19, φ = 162/19), and the
+  same points at a third of the size, where φ falls below 1 and the floor holds it at 1;
+- a planted trend, Δ linear in log2 N with deviations, checked against the matrix form of weighted least squares
+  ((XᵀWX)⁻¹XᵀWy, another route than the module's centred sums): slope, its interval, the held-out size's prediction
+  interval and whether it covers the measurement; dropping the weights moves every one of them;
+- Fieller's interval for the size where the line reaches a value: at both ends the band's edge touches the value;
+- decision accuracy counted by hand.
+"""
+import math
+from fractions import Fraction as F
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from analysis.ladder import (AWAY, NOT_DETERMINED, decision_accuracy, fit_trend, ladder_points, reach, trends)
+
+T2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 df (a printed table gives 4.303)
+
+
+def test_hand_worked_weighted_fit():
+    # x = 0..3, var = (1/2, 1, 1, 1/2) -> w = (2, 1, 1, 2), Σw = 6, x̄ = 9/6 = 3/2, S = 2·9/4 + 1/4 + 1/4 + 2·9/4 = 19/2;
+    # y = (0, 6, 3, 9): ȳ = (0 + 6 + 3 + 18)/6 = 9/2, Σw(x − x̄)(y − ȳ) = 2·(−3/2)(−9/2) + (−1/2)(3/2) + (1/2)(−3/2)
+    # + 2·(3/2)(9/2) = 51/2, so b = 51/19 (unweighted: 12/5). Residuals (−9, 54, −54, 9)/19, Q = 324/19, Q/2 = 162/19
+    # = φ; se(b) = sqrt(φ/S) = sqrt(324/361) = 18/19.
+    tr = fit_trend([0, 1, 2, 3], [0, 6, 3, 9], [0.5, 1, 1, 0.5])
+    assert tr.slope == pytest.approx(51 / 19, rel=1e-12)
+    assert tr.center == pytest.approx(1.5) and tr.level == pytest.approx(4.5)
+    assert tr.q == pytest.approx(324 / 19, rel=1e-12)
+    assert tr.dispersion == pytest.approx(162 / 19, rel=1e-12)
+    assert tr.slope_se == pytest.approx(18 / 19, rel=1e-12)
+    assert tr.slope_ci[1] - tr.slope == pytest.approx(T2 * 18 / 19, rel=1e-9)
+    assert not tr.trend_shown  # 51/19 ± 4.08 includes 0
+    # prediction of a measurement at x = 4 with var 1/2: Δ = 9/2 + (51/19)(5/2) = 213/19;
+    # var = φ(1/6 + (5/2)²/(19/2) + 1/2) = (162/19)(1/6 + 25/38 + 1/2)
+    d, lo, hi = tr.prediction(4.0, 0.5)
+    var = F(162, 19) * (F(1, 6) + F(25, 38) + F(1, 2))
+    assert d == pytest.approx(213 / 19, rel=1e-12)
+    assert hi - d == pytest.approx(T2 * math.sqrt(var), rel=1e-9) and d - lo == pytest.approx(hi - d, rel=1e-12)
+
+
+def test_dispersion_is_never_below_one():
+    # the same points a third of the size: residuals (−3, 18, −18, 3)/19, Q = 36/19, Q/2 = 18/19 < 1 -> φ = 1, and
+    # se(b) = sqrt(1/S) = sqrt(2/19), not sqrt((18/19)/(19/2)) = 6/19
+    tr = fit_trend([0, 1, 2, 3], [0, 2, 1, 3], [0.5, 1, 1, 0.5])
+    assert tr.slope == pytest.approx(17 / 19, rel=1e-12)
+    assert tr.q == pytest.approx(36 / 19, rel=1e-12)
+    assert tr.dispersion == 1.0
+    assert tr.slope_se == pytest.approx(math.sqrt(2 / 19), rel=1e-12)
+
+
+# A planted trend: Δ = 0.01 − 0.012·(log2 N − 15) plus deviations, at N = 2^15 .. 2^18, the held-out rung at 2^19
+X = np.array([15.0, 16.0, 17.0, 18.0])
+DEV = np.array([0.002, -0.012, 0.003, -0.001])  # the noisiest rung deviates most
+VAR = np.array([1e-5, 1.6e-4, 2.5e-5, 1e-5])
+DELTA = 0.01 - 0.012 * (X - 15) + DEV
+X_OUT, VAR_OUT = 19.0, 1.2e-5
+DELTA_OUT = 0.01 - 0.012 * 4 + 0.004  # the measurement at the held-out rung
+
+
+def matrix_wls(x, y, var):
+    """Weighted least squares through the normal equations: (β, φ·(XᵀWX)⁻¹, φ), φ = max(1, rᵀWr/(k − 2))."""
+    X = np.column_stack([np.ones_like(x), x])
+    W = np.diag(1.0 / var)
+    inv = np.linalg.inv(X.T @ W @ X)
+    beta = inv @ X.T @ W @ y
+    r = y - X @ beta
+    phi = max(1.0, float(r @ W @ r) / (len(x) - 2))
+    return beta, phi * inv, phi
+
+
+def test_planted_trend_against_the_matrix_form():
+    beta, cov, phi = matrix_wls(X, DELTA, VAR)
+    t = stats.t.ppf(0.975, len(X) - 2)
+    tr = fit_trend(X, DELTA, VAR)
+    assert tr.slope == pytest.approx(beta[1], rel=1e-10)
+    assert tr.dispersion == pytest.approx(phi, rel=1e-10)
+    lo, hi = tr.slope_ci
+    assert lo == pytest.approx(beta[1] - t * math.sqrt(cov[1, 1]), rel=1e-9)
+    assert hi == pytest.approx(beta[1] + t * math.sqrt(cov[1, 1]), rel=1e-9)
+    assert tr.trend_shown  # planted −0.012 per doubling, far outside the noise
+    x0 = np.array([1.0, X_OUT])
+    pred = float(x0 @ beta)
+    half = t * math.sqrt(float(x0 @ cov @ x0) + phi * VAR_OUT)
+    d, plo, phi_ = tr.prediction(X_OUT, VAR_OUT)
+    assert (d, plo, phi_) == pytest.approx((pred, pred - half, pred + half), rel=1e-9)
+    assert plo <= DELTA_OUT <= phi_  # covered: the measurement is on the planted line
+    assert not plo <= DELTA_OUT + 0.05 <= phi_  # a measurement 0.05 off is not
+
+
+def test_dropping_the_weights_changes_the_answer():
+    # the unweighted fit of the same points gives another slope and prediction: the weights matter here
+    beta_w, _, _ = matrix_wls(X, DELTA, VAR)
+    beta_u, _, _ = matrix_wls(X, DELTA, np.ones_like(VAR))
+    tr = fit_trend(X, DELTA, VAR)
+    assert abs(beta_w[1] - beta_u[1]) > 1e-3
+    assert tr.slope != pytest.approx(beta_u[1], rel=1e-3)
+    assert tr.prediction(X_OUT, VAR_OUT)[0] != pytest.approx(beta_u[0] + beta_u[1] * X_OUT, rel=1e-3)
+
+
+def test_fieller_interval_touches_the_value_at_both_ends():
+    tr = fit_trend(X, DELTA, VAR)
+    beta, _, _ = matrix_wls(X, DELTA, VAR)
+    c = -0.06
+    x, lo, hi = tr.crossing(c)
+    assert x == pytest.approx((c - beta[0]) / beta[1], rel=1e-9)  # where the line equals c
+    assert lo < x < hi
+    assert tr.band(lo)[0] == pytest.approx(c, abs=1e-12)  # the band's lower edge at the interval's left end ...
+    assert tr.band(hi)[1] == pytest.approx(c, abs=1e-12)  # ... its upper edge at the right end (the slope is < 0)
+    flat = fit_trend([0, 1, 2, 3], [0, 6, 3, 9], [0.5, 1, 1, 0.5])
+    assert flat.crossing(20.0) is None
+
+
+def test_reach_the_papers_direction():
+    tr = fit_trend(X, DELTA, VAR)
+    beta, _, _ = matrix_wls(X, DELTA, VAR)
+    better = reach(tr, "better", 0.02, X.max())  # Δ falls: −0.02 is crossed; where the line is −0.02
+    assert better["reach_n"] == pytest.approx(2 ** ((-0.02 - beta[0]) / beta[1]), rel=1e-9)
+    assert better["reach_low"] < better["reach_n"] < better["reach_high"]
+    assert better["reach_status"] == "within the ladder"  # at log2 N ≈ 17.3 < 18
+    assert reach(tr, "worse", 0.02, X.max())["reach_status"] == AWAY
+    far = reach(tr, "better", 0.05, X.max())  # −0.05 is crossed past the largest size
+    assert far["reach_status"].startswith("beyond") and math.log2(far["reach_n"]) > 18
+    flat = fit_trend([0, 1, 2, 3], [0, 6, 3, 9], [0.5, 1, 1, 0.5])
+    assert reach(flat, "better", 0.02, 3.0)["reach_status"] == NOT_DETERMINED
+    assert math.isnan(reach(flat, "better", 0.02, 3.0)["reach_n"])
+
+
+def table_of(deltas: dict, verdicts: dict, sd=0.01, n=4):
+    """A verdict table as analysis.protocol.verdicts writes it, for sizes named by log2 N: every arm's std `sd`."""
+    rows = []
+    for size, per_arm in deltas.items():
+        rows.append({"size": size, "arm": "baseline", "std": sd, "n_seeds": n, "params": 2.0 ** int(size[1:]),
+                     "delta": math.nan, "ci_low": math.nan, "ci_high": math.nan, "verdict": "baseline"})
+        for arm, d in per_arm.items():
+            rows.append({"size": size, "arm": arm, "std": sd, "n_seeds": n, "params": 2.0 ** int(size[1:]),
+                         "delta": d, "ci_low": d - 0.01, "ci_high": d + 0.01, "verdict": verdicts[size][arm]})
+    return pd.DataFrame(rows)
+
+
+def test_decision_accuracy_counted_by_hand():
+    sizes = ["n15", "n16", "n17"]
+    deltas = {"n15": {"a": 0.01, "b": -0.02}, "n16": {"a": -0.01, "b": -0.03}, "n17": {"a": -0.03, "b": -0.04}}
+    verdicts = {"n15": {"a": "inconclusive", "b": "better"}, "n16": {"a": "equivalent within ±0.02", "b": "better"},
+                "n17": {"a": "equivalent within ±0.02", "b": "better"}}
+    acc = decision_accuracy(ladder_points(table_of(deltas, verdicts), sizes)).set_index("size")
+    # n15: a differs (inconclusive vs equivalent), b agrees; signs: a + vs −, b − vs −
+    assert acc.loc["n15", ["arms", "same_verdict", "same_sign"]].tolist() == [2, 1, 1]
+    assert acc.loc["n16", ["arms", "same_verdict", "same_sign"]].tolist() == [2, 2, 2]
+    assert acc.loc["all", ["arms", "same_verdict", "same_sign"]].tolist() == [4, 3, 3]
+
+
+def test_points_weigh_each_delta_by_welchs_variance_and_hold_out_the_largest():
+    sizes = ["n15", "n16", "n17", "n18", "n19"]
+    deltas = {s: {"a": float(d)} for s, d in zip(sizes, [*DELTA, DELTA_OUT])}
+    verdicts = {s: {"a": "inconclusive"} for s in sizes}
+    pts = ladder_points(table_of(deltas, verdicts, sd=0.02, n=5), sizes)
+    assert pts["var"].tolist() == pytest.approx([2 * 0.02**2 / 5] * 5)  # sd_a²/n_a + sd_b²/n_b
+    assert pts["x"].tolist() == [15.0, 16.0, 17.0, 18.0, 19.0]
+    assert pts["held_out"].tolist() == [False, False, False, False, True]
+    tr, pred, fits = trends(pts, {"a": "better"}, 0.02)
+    full, part = fits["a"]
+    assert part.k == 4 and full.k == 5  # the held-out size never enters its own prediction
+    beta, cov, phi = matrix_wls(X, DELTA, np.full(4, 2 * 0.02**2 / 5))
+    held = pred[pred["size"] == "n19"].iloc[0]
+    assert held["predicted"] == pytest.approx(beta[0] + beta[1] * 19, rel=1e-9)
+    assert held["covered"] == "yes"
+    nxt = pred[pred["covered"] == "unmeasured"]
+    assert nxt["n_params"].tolist() == [2 * 2.0**19, 4 * 2.0**19]
+    assert nxt["predicted"].tolist() == pytest.approx([full.at(20.0), full.at(21.0)], rel=1e-12)
