@@ -192,9 +192,10 @@ def trend_words(trend: Trend, expected: str, fitted: float) -> str:
     return f"{grows} with size, {'toward' if toward(expected, trend.slope, fitted) else 'away from'} the paper's"
 
 
-def reach(trend: Trend, expected: str, margin: float, x_top: float) -> dict:
-    """Where the fitted line reaches the paper's direction (module docstring): `status` in words and N* with its
-    Fieller interval (NaN when not determined)."""
+def reach(trend: Trend, expected: str, margin: float, x_top: float, x_bottom: float = -math.inf) -> dict:
+    """Where the fitted line reaches the paper's direction (module docstring): `status` in words (whether N* lies
+    below, within or beyond the sizes measured, x_bottom to x_top) and N* with its Fieller interval (NaN when not
+    determined)."""
     fitted = float(trend.at(x_top))
     c = target(expected, fitted, margin)
     out = {"target": c, "reach_status": "", "reach_n": math.nan, "reach_low": math.nan, "reach_high": math.nan}
@@ -205,7 +206,8 @@ def reach(trend: Trend, expected: str, margin: float, x_top: float) -> dict:
     if not toward(expected, trend.slope, fitted):
         return out | {"reach_status": AWAY}
     x, lo, hi = trend.crossing(c)
-    status = "within the ladder" if x <= x_top else "beyond the largest size (unmeasured)"
+    status = ("below the smallest size (extrapolated)" if x < x_bottom else "within the ladder" if x <= x_top
+              else "beyond the largest size (unmeasured)")
     return out | {"reach_status": status, "reach_n": 2.0**x, "reach_low": 2.0**lo, "reach_high": 2.0**hi}
 
 
@@ -238,7 +240,10 @@ def trends(points: pd.DataFrame, expected: dict, margin: float) -> tuple[pd.Data
             lo, hi = full.slope_ci
             row |= {"slope": full.slope, "slope_low": lo, "slope_high": hi, "dispersion": full.dispersion,
                     "trend": trend_words(full, exp, float(full.at(x_top)))}
-            row |= reach(full, exp, margin, x_top) if exp in (BETTER, WORSE, EQUIVALENT) else {"reach_status": ""}
+            if exp in (BETTER, WORSE, EQUIVALENT):
+                row |= reach(full, exp, margin, x_top, float(pts["x"].min()))
+            else:
+                row["reach_status"] = ""
         trows.append(row)
         if len(top):
             t = top.iloc[0]

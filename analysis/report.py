@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import common, context, known_results, protocol, scaling  # noqa: F401  (sections register on import)
+from analysis import common, context, known_results, ladder_report, protocol, scaling  # noqa: F401  (sections register)
 from analysis.document import (fit_param, identifiability_blocks, machine_counts, margin_text, multiplier_text,
                                p_text, render_markdown, run_counts, sci, signed_value, value)
 from analysis.engine import Context, Kind, build, section
@@ -493,7 +493,8 @@ ABLATION = Kind("ablation", load_ablation, lambda ctx: f"Ablation report: {ctx.r
 
 
 # ---------------------------------------------------------------- the command
-KINDS = {"known-results": known_results.KNOWN_RESULTS}  # chosen with --kind; else ablation or protocol by the runs
+# chosen with --kind; else ablation or protocol by the runs
+KINDS = {"known-results": known_results.KNOWN_RESULTS, "ladder": ladder_report.LADDER}
 def build_report(query: str, out: str | Path, baseline: str | None = None, tracking_uri: str | None = None,
                  filter_string: str = "", formats=("png",), margin: float | None = None,
                  paired: str | None = None, kind: str = "auto") -> Context:
@@ -506,8 +507,8 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
     if runset.runs.empty:
         raise AnalysisError(f"no runs for {runset.description} at {display_uri(runset.tracking_uri)}; "
                             "nothing written")
-    if kind == "known-results" and not protocol.is_protocol(runset):
-        raise AnalysisError(f"--kind known-results: the runs of {runset.description} carry no verdict.protocol tag; "
+    if kind in KINDS and not protocol.is_protocol(runset):
+        raise AnalysisError(f"--kind {kind}: the runs of {runset.description} carry no verdict.protocol tag; "
                             "report a verdict protocol's runs (python -m sweeps.verdict verdict=known-results)")
     kind = KINDS.get(kind) or (protocol.PROTOCOL if protocol.is_protocol(runset) else ABLATION)
     ctx = Context(out=Path(out), runset=runset, query=runset.query, tracking_uri=runset.tracking_uri,
@@ -538,7 +539,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kind", default="auto", choices=("auto", *KINDS),
                         help="the report kind (default: ablation, or protocol when the runs carry verdict.protocol; "
                              "known-results: the published findings of analysis/literature.py against a protocol's "
-                             "runs)")
+                             "runs; ladder: each arm's Δ against model size over a protocol's >= 4 sizes, "
+                             "analysis/ladder_report.py)")
     args = parser.parse_args(argv)
     out = args.out or str(Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", args.query).strip("_") or "report"))
     try:

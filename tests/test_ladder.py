@@ -117,7 +117,7 @@ def test_fieller_interval_touches_the_value_at_both_ends():
 def test_reach_the_papers_direction():
     tr = fit_trend(X, DELTA, VAR)
     beta, _, _ = matrix_wls(X, DELTA, VAR)
-    better = reach(tr, "better", 0.02, X.max())  # Δ falls: −0.02 is crossed; where the line is −0.02
+    better = reach(tr, "better", 0.02, X.max(), X.min())  # Δ falls: −0.02 is crossed; where the line is −0.02
     assert better["reach_n"] == pytest.approx(2 ** ((-0.02 - beta[0]) / beta[1]), rel=1e-9)
     assert better["reach_low"] < better["reach_n"] < better["reach_high"]
     assert better["reach_status"] == "within the ladder"  # at log2 N ≈ 17.3 < 18
@@ -171,3 +171,156 @@ def test_points_weigh_each_delta_by_welchs_variance_and_hold_out_the_largest():
     nxt = pred[pred["covered"] == "unmeasured"]
     assert nxt["n_params"].tolist() == [2 * 2.0**19, 4 * 2.0**19]
     assert nxt["predicted"].tolist() == pytest.approx([full.at(20.0), full.at(21.0)], rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------- the report
+# A synthetic verdict-protocol store with a planted trend: five sizes N = 2^15 .. 2^19 (the baseline's parameters),
+# four seeds per arm and size, every arm's Δ linear in log2 N plus small deviations, each size with its own seed
+# spread (so the weights differ). The report (`--kind ladder`) must give the slope, the held-out prediction and its
+# coverage that the matrix form computes here from the planted values.
+PROTOCOL = "ladder-synth"
+SIZES = {"w16": 15, "w24": 16, "w32": 17, "w48": 18, "w64": 19}  # name -> log2 N
+SPREAD = {"w16": 0.002, "w24": 0.004, "w32": 0.001, "w48": 0.003, "w64": 0.002}  # seed spread per size
+OFFSETS = np.array([-3.0, -1.0, 1.0, 3.0])  # seeds 1-4, times the spread (arms: 1.5x it)
+PLANTED = {  # arm -> Δ at log2 N = 15 .. 19
+    "rope": -0.03 - 0.01 * np.arange(5) + np.array([0.001, -0.004, 0.002, 0.0, 0.0]),
+    "swiglu": 0.01 - 0.008 * np.arange(5) + np.array([-0.002, 0.003, -0.001, 0.001, 0.002]),
+    "rmsnorm": np.array([0.002, -0.002, 0.001, -0.001, 0.0]),
+}
+LADDER_MARGIN = 0.02
+
+
+def seed_values(size: str, arm: str) -> np.ndarray:
+    i = list(SIZES).index(size)
+    base = 2.6 - 0.1 * i
+    if arm == "baseline":
+        return base + OFFSETS * SPREAD[size]
+    return base + PLANTED[arm][i] + 1.5 * OFFSETS[::-1] * SPREAD[size]
+
+
+def make_ladder_store(uri: str) -> None:
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment(PROTOCOL)
+    clock = [1_700_000_000_000]
+    for size, log_n in SIZES.items():
+        n = 2**log_n
+        for arm in ("baseline", *PLANTED):
+            tags = {"verdict.protocol": PROTOCOL, "verdict.arm": arm, "verdict.family": arm,
+                    "verdict.baseline": "baseline", "verdict.size": size, "verdict.budget_flops": f"{6 * n * 2e4:g}",
+                    "verdict.margin": f"{LADDER_MARGIN:g}", "verdict.margin_reason": "a test", "verdict.holm": "size",
+                    "verdict.primary": "arms=*;sizes=*", "verdict.stage": "seeds", "verdict.lr": "0.003"}
+            for seed, bpb in zip((1, 2, 3, 4), seed_values(size, arm)):
+                clock[0] += 60_000
+                r = client.create_run(exp, start_time=clock[0], run_name=f"{size} {arm} {seed}",
+                                      tags=tags | {"seed": str(seed), "variant": f"{size} {arm}"})
+                ms = [("final_val_bpb", bpb), ("final_val_loss", 0.7 * bpb), ("params", n), ("flops_per_token", 6 * n),
+                      ("tokens_seen", 2e4), ("flops_seen", 6 * n * 2e4), ("final_tokens_per_sec", 9000.0)]
+                client.log_batch(r.info.run_id, metrics=[Metric(k, float(v), clock[0] + 1000, 0) for k, v in ms],
+                                 params=[Param("optim.lr", "0.003"), Param("seed", str(seed))],
+                                 tags=[RunTag("git_commit", "c0ffee"), RunTag("data_fingerprint", "fp"),
+                                       RunTag("git_dirty", "false")])
+                client.set_terminated(r.info.run_id, status="FINISHED", end_time=clock[0] + 2000)
+
+
+def planted(arm: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(log2 N, Δ, var Δ) per size, from the seed values: numpy's mean and ddof=1 variance."""
+    d, v = [], []
+    for size in SIZES:
+        a, b = seed_values(size, arm), seed_values(size, "baseline")
+        d.append(a.mean() - b.mean())
+        v.append(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+    return np.array(list(SIZES.values()), dtype=float), np.array(d), np.array(v)
+
+
+@pytest.fixture(scope="module")
+def ladder_report(tmp_path_factory):
+    from analysis.report import main
+
+    tmp = tmp_path_factory.mktemp("ladder")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    make_ladder_store(uri)
+    out = tmp / "report"
+    assert main([PROTOCOL, "--kind", "ladder", "--tracking-uri", uri, "--out", str(out)]) == 0
+    return uri, out
+
+
+def test_report_trend_is_the_weighted_fit_of_the_planted_deltas(ladder_report):
+    _, out = ladder_report
+    tr = pd.read_csv(out / "ladder_trends.csv", keep_default_na=False).set_index("arm")
+    for arm in PLANTED:
+        x, d, v = planted(arm)
+        beta, cov, _ = matrix_wls(x, d, v)
+        half = stats.t.ppf(0.975, len(x) - 2) * math.sqrt(cov[1, 1])
+        assert tr.loc[arm, "slope"] == pytest.approx(beta[1], rel=1e-9), arm
+        assert (tr.loc[arm, "slope_low"], tr.loc[arm, "slope_high"]) == pytest.approx(
+            (beta[1] - half, beta[1] + half), rel=1e-9)
+    assert tr.loc["rope", "trend"] == "Δ falls with size, toward the paper's"  # RoFormer: better
+    assert tr.loc["rmsnorm", "trend"].startswith("no trend shown")
+    assert tr.loc["rmsnorm", "reach_status"].startswith("inside ±m")  # the paper: equivalent
+    # rope: −0.02 is crossed at log2 N ≈ 14.2, below the smallest size (15); swiglu's at ≈ 18.9, within the ladder
+    assert tr.loc["rope", "reach_status"] == "below the smallest size (extrapolated)"
+    assert tr.loc["swiglu", "reach_status"] == "within the ladder"
+
+
+def test_report_predicts_the_held_out_size_from_the_smaller_ones(ladder_report):
+    _, out = ladder_report
+    pred = pd.read_csv(out / "ladder_predictions.csv")
+    for arm in PLANTED:
+        x, d, v = planted(arm)
+        beta, cov, phi = matrix_wls(x[:4], d[:4], v[:4])  # the largest size never enters its own prediction
+        x0 = np.array([1.0, 19.0])
+        p = float(x0 @ beta)
+        half = stats.t.ppf(0.975, 2) * math.sqrt(float(x0 @ cov @ x0) + phi * v[4])
+        row = pred[(pred["arm"] == arm) & (pred["size"] == "w64")].iloc[0]
+        assert (row["predicted"], row["low"], row["high"]) == pytest.approx((p, p - half, p + half), rel=1e-9)
+        assert row["measured"] == pytest.approx(d[4], rel=1e-9)
+        assert row["covered"] == ("yes" if p - half <= d[4] <= p + half else "no")
+        nxt = pred[(pred["arm"] == arm) & (pred["covered"] == "unmeasured")]
+        assert nxt["n_params"].tolist() == [2 * 2**19, 4 * 2**19]  # 2x and 4x the largest, labelled unmeasured
+    md = (out / "index.md").read_text(encoding="utf-8")
+    assert "predictions, unmeasured" in md and "2x the largest (unmeasured)" in md
+
+
+def test_report_counts_decisions_against_the_largest_size(ladder_report):
+    _, out = ladder_report
+    v = pd.read_csv(out / "verdicts.csv")
+    v = v[v["verdict"] != "baseline"]
+    top = v[v["size"] == "w64"].set_index("arm")
+    small = v[v["size"] != "w64"]
+    same = sum(r.verdict == top.loc[r.arm, "verdict"] for r in small.itertuples())
+    sign = sum(np.sign(r.delta) == np.sign(top.loc[r.arm, "delta"]) for r in small.itertuples())
+    dec = pd.read_csv(out / "decision_accuracy.csv", keep_default_na=False).set_index("size")
+    assert dec.loc["all", ["arms", "same_verdict", "same_sign"]].astype(int).tolist() == [12, same, sign]
+    assert dec.index.tolist() == ["w16", "w24", "w32", "w48", "all"]  # smallest N first
+
+
+def test_report_sections_figures_and_byte_identical_rerun(ladder_report, tmp_path):
+    from analysis.report import main
+
+    uri, out = ladder_report
+    md = (out / "index.md").read_text(encoding="utf-8")
+    for heading in ("## Trend with size", "## The held-out size, predicted then measured", "## Decision accuracy",
+                    "## Verdicts per size"):
+        assert heading in md
+    assert "](figures/delta_vs_size.png)" in md and "](figures/forest_by_size.png)" in md
+    assert md.index("## Trend with size") < md.index("figures/forest_by_size.png") < md.index("## Verdicts per size")
+    again = tmp_path / "again"
+    assert main([PROTOCOL, "--kind", "ladder", "--tracking-uri", uri, "--out", str(again)]) == 0
+    files = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    for f in files:
+        assert (out / f).read_bytes() == (again / f).read_bytes(), f
+
+
+def test_too_few_sizes_is_one_line(ladder_report, tmp_path, capsys):
+    from analysis.report import main
+
+    uri, _ = ladder_report
+    code = main([PROTOCOL, "--kind", "ladder", "--tracking-uri", uri, "--out", str(tmp_path / "r"),
+                 "--filter", "tags.`verdict.size` != 'w64' and tags.`verdict.size` != 'w48'"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "3 size(s) (w16, w24, w32)" in err and "needs >= 4" in err
