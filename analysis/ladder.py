@@ -19,8 +19,9 @@ and with four points Q/2 is often far below 1 by chance. Intervals are Student's
 - a measurement at x whose seeds give it variance v (the prediction interval): the same, with φ·v added under the
   root.
 
-A slope whose interval includes 0 shows no trend: not "the effect stays" (a non-significant slope is not evidence of
-a flat line), but *no trend shown*.
+The arms' slopes are one family of tests: a trend is *shown* when the t-test of slope = 0, Holm-adjusted across the
+arms, rejects at 0.05 (the slope intervals printed are each arm's own 95%). Otherwise *no trend shown*: not "the
+effect stays" (a non-significant slope is not evidence of a flat line).
 
 **Held out.** The largest rung is predicted from the fit over the smaller ones before its Δ is read: the prediction
 interval above, and whether the measured Δ lies inside it. Every other trend number (the slope printed, the sizes
@@ -32,7 +33,8 @@ is reached where the fitted Δ crosses the edge of the margin on the paper's sid
 nearer of ±m for equivalent (without a margin, 0). The size N* = 2^x* where the line crosses a value c, with the
 Fieller interval: every x at which c lies inside the line's band, i.e. the roots of
 (ȳ − c + b u)² = t²φ(1/Σw + u²/S) in u = x − x̄. The interval is bounded exactly when the slope's interval excludes
-0; otherwise N* is *not determined*.
+0. N* is *not determined* when no trend is shown (by the Holm-adjusted test above, so never when the slope's own
+interval includes 0).
 
 **Decision accuracy** (DataDecide, Magnusson et al. 2025: how often a small-scale decision is the large-scale one):
 per smaller size, the arms whose verdict equals their verdict at the largest size, and those whose Δ has the same
@@ -47,11 +49,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.literature import BETTER, EQUIVALENT, WORSE
+from analysis.stats import holm
 
 CONFIDENCE = 0.95
 MIN_FIT = 3  # a line has two parameters; φ needs at least one residual degree of freedom
 NEXT = (2, 4)  # unmeasured sizes predicted, as multiples of the largest rung's N
-NOT_DETERMINED = "not determined (the slope's interval includes 0)"
+NOT_DETERMINED = "not determined (no trend shown)"
 AWAY = "never: the trend moves away from the paper's direction"
 POINT_COLUMNS = ["arm", "size", "n_params", "x", "delta", "ci_low", "ci_high", "var", "verdict", "held_out"]
 
@@ -94,8 +97,16 @@ class Trend:
 
     @property
     def trend_shown(self) -> bool:
+        """The slope's interval excludes 0 (one arm alone; across arms, `trends` Holm-adjusts `p_value`)."""
         lo, hi = self.slope_ci
         return not lo <= 0.0 <= hi
+
+    @property
+    def p_value(self) -> float:
+        """Two-sided t-test of slope = 0 (k − 2 df)."""
+        from scipy import stats
+
+        return float(2 * stats.t.sf(abs(self.slope) / self.slope_se, self.df))
 
     def at(self, x):
         """The fitted Δ at x = log2 N."""
@@ -182,26 +193,27 @@ def toward(expected: str, slope: float, fitted: float) -> bool:
     return slope * fitted < 0  # equivalent: toward 0
 
 
-def trend_words(trend: Trend, expected: str, fitted: float) -> str:
-    """What the slope says, in words."""
-    if not trend.trend_shown:
-        return "no trend shown (the slope's interval includes 0)"
+def trend_words(trend: Trend, expected: str, fitted: float, shown: bool) -> str:
+    """What the slope says, in words; `shown`: whether its test rejected slope = 0 (in its family)."""
+    if not shown:
+        return "no trend shown (slope = 0 not rejected)"
     grows = "Δ falls" if trend.slope < 0 else "Δ rises"
     if expected not in (BETTER, WORSE, EQUIVALENT):
         return f"{grows} with size"
     return f"{grows} with size, {'toward' if toward(expected, trend.slope, fitted) else 'away from'} the paper's"
 
 
-def reach(trend: Trend, expected: str, margin: float, x_top: float, x_bottom: float = -math.inf) -> dict:
+def reach(trend: Trend, expected: str, margin: float, x_top: float, x_bottom: float = -math.inf,
+          shown: bool | None = None) -> dict:
     """Where the fitted line reaches the paper's direction (module docstring): `status` in words (whether N* lies
     below, within or beyond the sizes measured, x_bottom to x_top) and N* with its Fieller interval (NaN when not
-    determined)."""
+    determined: no trend `shown`, by default the slope's own interval including 0)."""
     fitted = float(trend.at(x_top))
     c = target(expected, fitted, margin)
     out = {"target": c, "reach_status": "", "reach_n": math.nan, "reach_low": math.nan, "reach_high": math.nan}
     if expected == EQUIVALENT and abs(fitted) < abs(c):
         return out | {"reach_status": "inside ±m at the largest size (the fitted Δ)"}
-    if not trend.trend_shown:
+    if not (trend.trend_shown if shown is None else shown):
         return out | {"reach_status": NOT_DETERMINED}
     if not toward(expected, trend.slope, fitted):
         return out | {"reach_status": AWAY}
@@ -211,8 +223,8 @@ def reach(trend: Trend, expected: str, margin: float, x_top: float, x_bottom: fl
     return out | {"reach_status": status, "reach_n": 2.0**x, "reach_low": 2.0**lo, "reach_high": 2.0**hi}
 
 
-TREND_COLUMNS = ["arm", "expected", "sizes", "slope", "slope_low", "slope_high", "dispersion", "trend", "target",
-                 "reach_status", "reach_n", "reach_low", "reach_high"]
+TREND_COLUMNS = ["arm", "expected", "sizes", "slope", "slope_low", "slope_high", "p_slope", "p_slope_holm",
+                 "dispersion", "trend", "target", "reach_status", "reach_n", "reach_low", "reach_high"]
 PREDICTION_COLUMNS = ["arm", "size", "n_params", "fit_sizes", "predicted", "low", "high", "interval", "measured",
                       "measured_low", "measured_high", "covered"]
 
@@ -221,27 +233,37 @@ def trends(points: pd.DataFrame, expected: dict, margin: float) -> tuple[pd.Data
     """Per arm (in the points' order): the trend over every size and where it reaches the paper's direction
     (TREND_COLUMNS); the held-out size predicted from the smaller sizes against its measurement, and the sizes
     NEXT x the largest predicted and unmeasured (PREDICTION_COLUMNS); and the fits {arm: (all sizes, smaller
-    sizes)}, None where too few sizes. An arm with fewer than MIN_FIT sizes gets NaN numbers and says so."""
-    trows, prows, fits = [], [], {}
-    for arm in dict.fromkeys(points["arm"]):
-        pts = points[points["arm"] == arm].sort_values("x")
-        pts = pts[np.isfinite(pts["var"]) & (pts["var"] > 0)]  # a Δ from one seed has no variance to weigh it by
+    sizes)}, None where too few sizes. An arm with fewer than MIN_FIT sizes gets NaN numbers and says so.
+
+    The arms' slope tests are one family: a trend is shown when the slope's p-value, Holm-adjusted across the arms,
+    is below 1 − CONFIDENCE (the intervals printed are each arm's own 95%)."""
+    arms = list(dict.fromkeys(points["arm"]))
+    usable = points[np.isfinite(points["var"]) & (points["var"] > 0)]  # a Δ from one seed has no variance to weigh
+    fits = {}
+    for arm in arms:
+        pts = usable[usable["arm"] == arm]
         small = pts[~pts["held_out"]]
-        top = pts[pts["held_out"]]
+        fits[arm] = (fit_trend(pts["x"], pts["delta"], pts["var"]) if len(pts) >= MIN_FIT else None,
+                     fit_trend(small["x"], small["delta"], small["var"]) if len(small) >= MIN_FIT else None)
+    p_raw = [fits[a][0].p_value if fits[a][0] is not None else math.nan for a in arms]
+    p_holm = dict(zip(arms, holm(p_raw)))
+    trows, prows = [], []
+    for arm, p in zip(arms, p_raw):
+        pts = usable[usable["arm"] == arm].sort_values("x")
+        small, top = pts[~pts["held_out"]], pts[pts["held_out"]]
+        full, part = fits[arm]
         exp = expected.get(arm, "")
-        full = fit_trend(pts["x"], pts["delta"], pts["var"]) if len(pts) >= MIN_FIT else None
-        part = fit_trend(small["x"], small["delta"], small["var"]) if len(small) >= MIN_FIT else None
-        fits[arm] = (full, part)
         row = dict.fromkeys(TREND_COLUMNS, math.nan) | {"arm": arm, "expected": exp, "sizes": len(pts)}
         if full is None:
             row |= {"trend": f"not fitted: Δ at {len(pts)} size(s), a trend needs {MIN_FIT}", "reach_status": ""}
         else:
             x_top = float(pts["x"].max())
+            shown = bool(p_holm[arm] < 1 - CONFIDENCE)
             lo, hi = full.slope_ci
-            row |= {"slope": full.slope, "slope_low": lo, "slope_high": hi, "dispersion": full.dispersion,
-                    "trend": trend_words(full, exp, float(full.at(x_top)))}
+            row |= {"slope": full.slope, "slope_low": lo, "slope_high": hi, "p_slope": p, "p_slope_holm": p_holm[arm],
+                    "dispersion": full.dispersion, "trend": trend_words(full, exp, float(full.at(x_top)), shown)}
             if exp in (BETTER, WORSE, EQUIVALENT):
-                row |= reach(full, exp, margin, x_top, float(pts["x"].min()))
+                row |= reach(full, exp, margin, x_top, float(pts["x"].min()), shown)
             else:
                 row["reach_status"] = ""
         trows.append(row)

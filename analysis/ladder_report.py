@@ -25,7 +25,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import forest, ladder, protocol
-from analysis.document import ci_text, signed
+from analysis.document import ci_text, p_text, signed
 from analysis.engine import Context, Kind, section
 from analysis.literature import FINDINGS
 from analysis.store import AnalysisError
@@ -155,7 +155,8 @@ def trend_section(ctx: Context) -> list:
     path = ctx.figure(ladder_figure(pts, lad["fits"], lad["predictions"], ctx.expected, ctx.margin.value), FIGURE)
     rows = [[f"`{r.arm}`", r.expected or "n/a", str(r.sizes),
              "n/a" if not np.isfinite(r.slope) else f"{signed(r.slope)} {ci_text(r.slope_low, r.slope_high)}",
-             "n/a" if not np.isfinite(r.dispersion) else f"{r.dispersion:.2f}", r.trend, reach_text(r)]
+             p_text(r.p_slope_holm), "n/a" if not np.isfinite(r.dispersion) else f"{r.dispersion:.2f}", r.trend,
+             reach_text(r)]
             for r in tr.itertuples()]
     return [("h2", "Trend with size"),
             ("p", "Per arm, Δ val bpb (arm − baseline) at every size with its 95% Welch CI (the verdict table's), "
@@ -163,14 +164,16 @@ def trend_section(ctx: Context) -> list:
                   "log2 N, each size weighted by 1/var(Δ) (var: Welch's standard error squared), so the slope is "
                   "bpb per doubling of N; the sizes' variances are taken as known up to one factor φ, estimated from "
                   "the residuals but never below 1; intervals are Student's t with (sizes − 2) degrees of freedom "
-                  "(analysis/ladder.py). A slope whose interval includes 0 shows **no trend**, which is not evidence "
-                  "of a flat one. **Reaches the paper's direction**: the N at which the line crosses the edge of "
-                  "the margin on the paper's side (−m for better, +m for worse, the nearer of ±m for equivalent), "
-                  "with Fieller's 95% interval; *not determined* when the slope's interval includes 0. Any N past "
+                  "(analysis/ladder.py). The arms' slopes are one family: a trend is shown when the t-test of slope = 0, "
+                  "Holm-adjusted across the arms, gives p < 0.05 (the intervals are each arm's own 95%); otherwise "
+                  "**no trend shown**, which is not evidence of a flat one. **Reaches the paper's direction**: the N "
+                  "at which the line crosses the edge of the margin on the paper's side (−m for better, +m for "
+                  "worse, the nearer of ±m for equivalent), with Fieller's 95% interval; *not determined* when no "
+                  "trend is shown. Any N past "
                   "the largest size is an extrapolation of a line fitted over this ladder, not a measurement."),
             ("img", "Δ against model size per arm with the weighted trend, its band, the margin and the held-out size",
              path),
-            ("table", ["arm", "paper", "sizes", "slope per doubling of N [95% CI]", "φ", "trend",
+            ("table", ["arm", "paper", "sizes", "slope per doubling of N [95% CI]", "p (Holm)", "φ", "trend",
                        "reaches the paper's direction"], rows),
             ("p", f"Machine-readable: `{POINTS_CSV}` (every Δ, its variance, N), `{TRENDS_CSV}`.")]
 
