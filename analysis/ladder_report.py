@@ -13,6 +13,8 @@ then adds, from the statistics of analysis/ladder.py:
 - **the held-out size**: the largest size's Δ predicted from the smaller sizes alone, its prediction interval and
   whether the measurement falls inside; 2x and 4x the largest predicted and labelled unmeasured;
 - **decision accuracy**: how often a smaller size's verdict (and the sign of its Δ) is the largest size's;
+- **trained models per size**: each size's baseline against the n-gram floors and the epochs its runs saw (the
+  known-results study's bar, analysis/known_results.py);
 - the forest plot with one panel per size, then the protocol's sections (verdicts per size, floor, lr search,
   provenance).
 """
@@ -25,10 +27,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import forest, ladder, protocol
-from analysis.document import ci_text, p_text, signed
+from analysis.document import ci_text, fixed, p_text, signed
 from analysis.engine import Context, Kind, section
+from analysis.known_results import BASELINE_BEATS_ORDER, BELOW_TRIGRAM, MAX_EPOCHS
 from analysis.literature import FINDINGS
 from analysis.store import AnalysisError
+from analysis.verdict import VERDICT_METRIC
 
 FIGURE = "delta_vs_size"
 POINTS_CSV, TRENDS_CSV, PREDICTIONS_CSV, DECISIONS_CSV = ("ladder_points.csv", "ladder_trends.csv",
@@ -164,12 +168,12 @@ def trend_section(ctx: Context) -> list:
                   "log2 N, each size weighted by 1/var(Δ) (var: Welch's standard error squared), so the slope is "
                   "bpb per doubling of N; the sizes' variances are taken as known up to one factor φ, estimated from "
                   "the residuals but never below 1; intervals are Student's t with (sizes − 2) degrees of freedom "
-                  "(analysis/ladder.py). The arms' slopes are one family: a trend is shown when the t-test of slope = 0, "
-                  "Holm-adjusted across the arms, gives p < 0.05 (the intervals are each arm's own 95%); otherwise "
-                  "**no trend shown**, which is not evidence of a flat one. **Reaches the paper's direction**: the N "
-                  "at which the line crosses the edge of the margin on the paper's side (−m for better, +m for "
-                  "worse, the nearer of ±m for equivalent), with Fieller's 95% interval; *not determined* when no "
-                  "trend is shown. Any N past "
+                  "(analysis/ladder.py). The arms' slopes are one family: a trend is shown when the t-test of "
+                  "slope = 0, Holm-adjusted across the arms, gives p < 0.05 (the intervals are each arm's own "
+                  "95%); otherwise **no trend shown**, which is not evidence of a flat one. **Reaches the paper's "
+                  "direction**: the N at which the line crosses the edge of the margin on the paper's side (−m for "
+                  "better, +m for worse, the nearer of ±m for equivalent), with Fieller's 95% interval; *not "
+                  "determined* when no trend is shown. Any N past "
                   "the largest size is an extrapolation of a line fitted over this ladder, not a measurement."),
             ("img", "Δ against model size per arm with the weighted trend, its band, the margin and the held-out size",
              path),
@@ -182,10 +186,13 @@ def trend_section(ctx: Context) -> list:
 def predictions_section(ctx: Context) -> list:
     pred = ctx.once(ladder_of)["predictions"]
     ctx.write(PREDICTIONS_CSV, pred.to_csv(index=False, lineterminator="\n"))
-    rows = [[f"`{r.arm}`", f"`{r.size}`" if r.covered != "unmeasured" else r.size, n_text(r.n_params),
-             str(r.fit_sizes), f"{signed(r.predicted)} {ci_text(r.low, r.high)} ({r.interval})",
-             "unmeasured" if r.covered == "unmeasured" else f"{signed(r.measured)} {ci_text(r.measured_low, r.measured_high)}",
-             f"**{r.covered}**" if r.covered in ("yes", "no") else r.covered] for r in pred.itertuples()]
+    rows = []
+    for r in pred.itertuples():
+        measured = r.covered != "unmeasured"
+        rows.append([f"`{r.arm}`", f"`{r.size}`" if measured else r.size, n_text(r.n_params), str(r.fit_sizes),
+                     f"{signed(r.predicted)} {ci_text(r.low, r.high)} ({r.interval})",
+                     f"{signed(r.measured)} {ci_text(r.measured_low, r.measured_high)}" if measured else "unmeasured",
+                     f"**{r.covered}**" if r.covered in ("yes", "no") else r.covered])
     return [("h2", "The held-out size, predicted then measured"),
             ("p", "For each arm, the largest size's Δ predicted by the trend over the smaller sizes alone (the "
                   "largest size's runs do not enter that fit), with its 95% prediction interval (the line's "
@@ -219,6 +226,49 @@ def decisions_section(ctx: Context) -> list:
             ("p", f"Machine-readable: `{DECISIONS_CSV}`.")]
 
 
+def trained_by_size(ctx: Context) -> pd.DataFrame:
+    """Per size (smallest budget first): the baseline's mean val bpb over its seeds, its distance to the trigram and
+    the 4-gram floors of the runs' data, and the epochs of the train split the size's runs saw (tokens_seen over the
+    floor's train tokens; min and max over every run at the size, both stages)."""
+    from analysis.floor import TRIGRAM
+
+    fl, p = ctx.floor, ctx.protocol
+    n_train = float(fl.n_train) if fl is not None and str(fl.n_train).isdigit() else math.nan
+    runs, rows = p.results(), []
+    for size in p.sizes:
+        v = p.seeds.loc[(p.seeds["verdict.size"] == size) & (p.seeds["verdict.arm"] == p.baseline), VERDICT_METRIC]
+        epochs = runs.loc[runs["verdict.size"] == size, "tokens_seen"].astype(float) / n_train
+        mean = float(v.astype(float).mean()) if len(v) else math.nan
+        rows.append([size, mean, mean - fl.bpb.get(TRIGRAM, math.nan) if fl else math.nan,
+                     mean - fl.bpb.get(BASELINE_BEATS_ORDER, math.nan) if fl else math.nan, float(epochs.min()),
+                     float(epochs.max())])
+    return pd.DataFrame(rows, columns=["size", "mean", "vs_trigram", "vs_4gram", "epochs_min", "epochs_max"])
+
+
+@section("ladder.trained")
+def trained_section(ctx: Context) -> list:
+    """Whether each size's baseline is a trained model by issue 26's bar (analysis/known_results.py): a size below
+    it decides about local statistics more than about architectures, and so does its decision accuracy."""
+    b: list = [("h2", "Trained models per size")]
+    if ctx.floor is None:
+        return b + [("p", "No n-gram floor is recorded for these runs' data: whether each size's baseline is a "
+                          "trained model cannot be checked here.")]
+    frame = trained_by_size(ctx)
+    n = ctx.once(ladder_of)["points"].groupby("size")["n_params"].first()
+    rows = []
+    for r in frame.itertuples():
+        clears = r.vs_4gram < 0 and r.vs_trigram <= -BELOW_TRIGRAM and r.epochs_max <= MAX_EPOCHS
+        rows.append([f"`{r.size}`", n_text(n.get(r.size, math.nan)), fixed(r.mean), signed(r.vs_trigram),
+                     signed(r.vs_4gram), f"{r.epochs_min:.2f}-{r.epochs_max:.2f}", "yes" if clears else "**no**"])
+    return b + [("p", f"The known-results study's bar for a model whose verdicts are about architectures, at every "
+                      f"size: the baseline below the {BASELINE_BEATS_ORDER}-gram floor and at least "
+                      f"{BELOW_TRIGRAM:g} bpb below the trigram floor, every run within {MAX_EPOCHS:g} epochs of the "
+                      "train split. A size that does not clear it decides about how fast a model picks up local "
+                      "statistics more than about architectures, and so does its decision accuracy."),
+                ("table", ["size", "N", "baseline val bpb", "Δ vs trigram floor", f"Δ vs {BASELINE_BEATS_ORDER}-gram "
+                           "floor", "epochs (min-max)", "clears the bar"], rows)]
+
+
 def ladder_summary(ctx: Context) -> list[str]:
     lad = ctx.once(ladder_of)
     lines = protocol.protocol_summary(ctx)[:2]
@@ -229,7 +279,8 @@ def ladder_summary(ctx: Context) -> list[str]:
 
 
 LADDER = Kind("ladder", load_ladder, lambda ctx: f"Ladder: {ctx.protocol.name}",
-              ("ladder.head", "ladder.trend", "ladder.predictions", "ladder.decisions", "forest.by_size",
+              ("ladder.head", "ladder.trend", "ladder.predictions", "ladder.decisions", "ladder.trained",
+               "forest.by_size",
                "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "protocol.throughput", "paired",
                "protocol.provenance", "regenerate"),
               summary=ladder_summary, exit_code=protocol.PROTOCOL.exit_code,

@@ -22,7 +22,8 @@ T2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 df (a printed table giv
 
 
 def test_hand_worked_weighted_fit():
-    # x = 0..3, var = (1/2, 1, 1, 1/2) -> w = (2, 1, 1, 2), Σw = 6, x̄ = 9/6 = 3/2, S = 2·9/4 + 1/4 + 1/4 + 2·9/4 = 19/2;
+    # x = 0..3, var = (1/2, 1, 1, 1/2) -> w = (2, 1, 1, 2), Σw = 6, x̄ = 9/6 = 3/2, S = 2·9/4 + 1/4 + 1/4 + 2·9/4
+    # = 19/2;
     # y = (0, 6, 3, 9): ȳ = (0 + 6 + 3 + 18)/6 = 9/2, Σw(x − x̄)(y − ȳ) = 2·(−3/2)(−9/2) + (−1/2)(3/2) + (1/2)(−3/2)
     # + 2·(3/2)(9/2) = 51/2, so b = 51/19 (unweighted: 12/5). Residuals (−9, 54, −54, 9)/19, Q = 324/19, Q/2 = 162/19
     # = φ; se(b) = sqrt(φ/S) = sqrt(324/361) = 18/19.
@@ -188,6 +189,9 @@ PLANTED = {  # arm -> Δ at log2 N = 15 .. 19
     "rmsnorm": np.array([0.002, -0.002, 0.001, -0.001, 0.0]),
 }
 LADDER_MARGIN = 0.02
+# the n-gram floor of the data: the baselines' means 2.6 .. 2.2 (smallest first) are 0.05 .. 0.45 below the trigram
+# and 0.15 above .. 0.25 below the 4-gram; every run saw 2e4 of 1e5 train tokens, 0.2 epochs
+LADDER_FLOOR = {2: 2.9, 3: 2.65, 4: 2.45, 5: 2.3}
 
 
 def seed_values(size: str, arm: str) -> np.ndarray:
@@ -221,8 +225,13 @@ def make_ladder_store(uri: str) -> None:
                 client.log_batch(r.info.run_id, metrics=[Metric(k, float(v), clock[0] + 1000, 0) for k, v in ms],
                                  params=[Param("optim.lr", "0.003"), Param("seed", str(seed))],
                                  tags=[RunTag("git_commit", "c0ffee"), RunTag("data_fingerprint", "fp"),
-                                       RunTag("git_dirty", "false")])
+                                       RunTag("tokenizer", "char"), RunTag("git_dirty", "false")])
                 client.set_terminated(r.info.run_id, status="FINISHED", end_time=clock[0] + 2000)
+    from sweeps.floor import log_floor
+
+    log_floor(uri, LADDER_FLOOR, {"kind": "ngram", "smoothing": "modified-kn", "data": "shakespeare",
+                                  "tokenizer": "char", "scope": "full", "block_size": 64, "val_windows": 8,
+                                  "n_train": 100_000, "n_targets": 512, "data_fingerprint": "fp"})
 
 
 def planted(arm: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -342,3 +351,16 @@ def test_too_few_sizes_is_one_line(ladder_report, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and "3 size(s) (w16, w24, w32)" in err and "needs >= 4" in err
+
+
+def test_report_says_which_sizes_are_trained_models(ladder_report):
+    _, out = ladder_report
+    md = (out / "index.md").read_text(encoding="utf-8")
+    start = md.index("## Trained models per size")
+    section = md[start:md.index("\n## ", start + 1)]
+    rows = {line.split(" | ")[0].strip("| `"): line for line in section.splitlines() if line.startswith("| `w")}
+    # w16: 2.6 is 0.05 below the trigram (not 0.2) and above the 4-gram; w24: 0.15 below, above; w32 on: both cleared
+    assert "| +0.1500 | 0.20-0.20 | **no** |" in rows["w16"] and "−0.0500" in rows["w16"]
+    assert rows["w24"].endswith("| **no** |")
+    assert all(rows[s].endswith("| yes |") for s in ("w32", "w48", "w64"))
+    assert "| 2.4000 | −0.2500 | −0.0500 |" in rows["w32"]
