@@ -115,8 +115,9 @@ def ladder_figure(points: pd.DataFrame, fits: dict, predictions: pd.DataFrame, e
         ax.set_title(f"{arm}: the paper found {exp} ({SIDE[exp]})" if exp in SIDE else arm, fontsize="small")
     for ax in axes[:len(arms)]:
         ax.set_ylabel("Δ val bpb (arm − baseline)", fontsize="small")
-    for ax in axes[max(0, len(arms) - cols):len(arms)]:
+    for ax in axes[max(0, len(arms) - cols):len(arms)]:  # the lowest panel of each column, above an empty slot too
         ax.set_xlabel("N, the baseline's parameters (log2)")
+        ax.xaxis.set_tick_params(labelbottom=True)
     handles = [axes[0].plot([], [], "o", color="black", label="Δ and its 95% Welch CI")[0],
                axes[0].plot([], [], "s", color="C3", markerfacecolor="white", label="the largest size (held out)")[0],
                axes[0].plot([], [], "x", color="C1", label="its prediction from the smaller sizes (95% PI)")[0],
