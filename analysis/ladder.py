@@ -11,8 +11,10 @@ standard error, sd_arm²/n_arm + sd_base²/n_base.
 more than a noisy one), the textbook closed form: x̄ = Σwx/Σw, ȳ = Σwy/Σw, S = Σw(x − x̄)², slope
 b = Σw(x − x̄)(y − ȳ)/S. The model is var(Δ_i) = φ·var_i, the seeds' variances known up to one factor φ, estimated
 from the weighted residuals as Q/(k − 2), Q = Σw(y − ȳ − b(x − x̄))², k the sizes fitted; but never below 1 (the
-floor of the modified Knapp-Hartung interval of meta-regression): a fit is never more certain than its points say,
-and with four points Q/2 is often far below 1 by chance. Intervals are Student's t with k − 2 degrees of freedom:
+floor of the modified Knapp-Hartung interval of meta-regression): a fit is never more certain than its points say.
+Intervals are Student's t with k − 2 degrees of freedom. The floor makes them conservative; without it (textbook
+WLS) the slope test errs more often than 0.05 when each var(Δ) comes from four seeds (scripts/ladder_simulate.py;
+docs/ladder.md, "Error rates", measures both):
 
 - the slope: b ± t·sqrt(φ/S);
 - the fitted Δ at x (the line's band): ȳ + b(x − x̄) ± t·sqrt(φ(1/Σw + (x − x̄)²/S));
@@ -71,6 +73,7 @@ class Trend:
     q: float  # Σw·residual²
     k: int  # sizes fitted
     confidence: float = CONFIDENCE
+    floor: float = 1.0  # the least φ (0: the textbook WLS, φ = Q/(k − 2); scripts/ladder_simulate.py compares them)
 
     @property
     def df(self) -> int:
@@ -78,8 +81,8 @@ class Trend:
 
     @property
     def dispersion(self) -> float:
-        """φ = max(1, Q/(k − 2))."""
-        return max(1.0, self.q / self.df)
+        """φ = max(floor, Q/(k − 2))."""
+        return max(self.floor, self.q / self.df)
 
     @property
     def t(self) -> float:
@@ -139,9 +142,9 @@ class Trend:
         return self.center - d / self.slope, self.center + lo, self.center + hi
 
 
-def fit_trend(x, delta, var, confidence: float = CONFIDENCE) -> Trend:
-    """The weighted least-squares trend of Δ on x with weights 1/var. ValueError with fewer than MIN_FIT points,
-    fewer than two distinct x, or a variance that is not a positive number."""
+def fit_trend(x, delta, var, confidence: float = CONFIDENCE, floor: float = 1.0) -> Trend:
+    """The weighted least-squares trend of Δ on x with weights 1/var, φ at least `floor`. ValueError with fewer
+    than MIN_FIT points, fewer than two distinct x, or a variance that is not a positive number."""
     x, y, v = (np.asarray(a, dtype=float) for a in (x, delta, var))
     if len(x) < MIN_FIT or len(np.unique(x)) < 2:
         raise ValueError(f"a trend needs Δ at >= {MIN_FIT} sizes (two distinct); got {len(np.unique(x))}")
@@ -152,7 +155,7 @@ def fit_trend(x, delta, var, confidence: float = CONFIDENCE) -> Trend:
     sxx = float(np.sum(w * (x - center) ** 2))
     slope = float(np.sum(w * (x - center) * (y - level)) / sxx)
     q = float(np.sum(w * (y - level - slope * (x - center)) ** 2))
-    return Trend(center, level, slope, sxx, float(w.sum()), q, len(x), confidence)
+    return Trend(center, level, slope, sxx, float(w.sum()), q, len(x), confidence, floor)
 
 
 def ladder_points(table: pd.DataFrame, sizes: list) -> pd.DataFrame:

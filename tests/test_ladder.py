@@ -51,6 +51,9 @@ def test_dispersion_is_never_below_one():
     assert tr.q == pytest.approx(36 / 19, rel=1e-12)
     assert tr.dispersion == 1.0
     assert tr.slope_se == pytest.approx(math.sqrt(2 / 19), rel=1e-12)
+    textbook = fit_trend([0, 1, 2, 3], [0, 2, 1, 3], [0.5, 1, 1, 0.5], floor=0.0)  # scripts/ladder_simulate.py's other
+    assert textbook.dispersion == pytest.approx(18 / 19, rel=1e-12)
+    assert textbook.slope_se == pytest.approx(6 / 19, rel=1e-12)
 
 
 # A planted trend: Δ = 0.01 − 0.012·(log2 N − 15) plus deviations, at N = 2^15 .. 2^18, the held-out rung at 2^19
