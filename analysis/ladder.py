@@ -165,6 +165,8 @@ def ladder_points(table: pd.DataFrame, sizes: list) -> pd.DataFrame:
     base = table[table["verdict"] == "baseline"].set_index("size")
     rows = []
     for r in table[table["verdict"] != "baseline"].itertuples():
+        if r.size not in base.index:  # no baseline seeds at this size: no Δ
+            continue
         b = base.loc[r.size]
         var = r.std**2 / r.n_seeds + b["std"] ** 2 / b["n_seeds"]  # Welch's standard error, squared
         rows.append([r.arm, r.size, float(b["params"]), math.log2(b["params"]), r.delta, r.ci_low, r.ci_high,

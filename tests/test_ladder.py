@@ -157,6 +157,12 @@ def test_decision_accuracy_counted_by_hand():
     assert acc.loc["all", ["arms", "same_verdict", "same_sign"]].tolist() == [4, 3, 3]
 
 
+def test_a_size_without_baseline_seeds_gives_no_delta():
+    table = table_of({"n15": {"a": 0.01}, "n16": {"a": 0.02}}, {"n15": {"a": "better"}, "n16": {"a": "better"}})
+    table = table[~((table["size"] == "n15") & (table["arm"] == "baseline"))]
+    assert ladder_points(table, ["n15", "n16"])["size"].tolist() == ["n16"]
+
+
 def test_points_weigh_each_delta_by_welchs_variance_and_hold_out_the_largest():
     sizes = ["n15", "n16", "n17", "n18", "n19"]
     deltas = {s: {"a": float(d)} for s, d in zip(sizes, [*DELTA, DELTA_OUT])}
