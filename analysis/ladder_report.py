@@ -271,8 +271,10 @@ def trained_section(ctx: Context) -> list:
 
 
 def ladder_summary(ctx: Context) -> list[str]:
-    lad = ctx.once(ladder_of)
-    lines = protocol.protocol_summary(ctx)[:2]
+    lad, p = ctx.once(ladder_of), ctx.protocol
+    lines = [f"ladder report for {ctx.runset.description} (protocol `{p.name}`): {len(p.arms)} arms x "
+             f"{len(p.sizes)} sizes, `{p.sizes[-1]}` held out -> {ctx.out / 'index.md'}",
+             protocol.protocol_summary(ctx)[1]]
     for r in lad["trends"].itertuples():
         slope = "n/a" if not np.isfinite(r.slope) else f"{r.slope:+.4f} [{r.slope_low:+.4f}, {r.slope_high:+.4f}]"
         lines.append(f"{r.arm}: slope per doubling {slope}; {r.trend}")
