@@ -497,7 +497,7 @@ ABLATION = Kind("ablation", load_ablation, lambda ctx: f"Ablation report: {ctx.r
 KINDS = {"known-results": known_results.KNOWN_RESULTS, "ladder": ladder_report.LADDER}
 def build_report(query: str, out: str | Path, baseline: str | None = None, tracking_uri: str | None = None,
                  filter_string: str = "", formats=("png",), margin: float | None = None,
-                 paired: str | None = None, kind: str = "auto") -> Context:
+                 paired: str | None = None, kind: str = "auto", held_out: str | None = None) -> Context:
     """Read the runs, write every file of the report into `out`, return its context (`.kind` says which report:
     the protocol's when the runs come from the verdict protocol; `kind="known-results"`: analysis/known_results.py).
     Raises AnalysisError when nothing can be written (no such experiment, no runs, unknown baseline, bad margin,
@@ -513,7 +513,8 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
     kind = KINDS.get(kind) or (protocol.PROTOCOL if protocol.is_protocol(runset) else ABLATION)
     ctx = Context(out=Path(out), runset=runset, query=runset.query, tracking_uri=runset.tracking_uri,
                   filter_string=filter_string, formats=tuple(formats), paired_path=paired, paired=paired_res,
-                  given_baseline=baseline, given_margin=margin, kind=kind)
+                  given_baseline=baseline, given_margin=margin, kind=kind,
+                  sources={"held-out": held_out} if held_out else {})
     return build(kind, ctx)
 
 
@@ -541,12 +542,20 @@ def main(argv=None) -> int:
                              "known-results: the published findings of analysis/literature.py against a protocol's "
                              "runs; ladder: each arm's Δ against model size over a protocol's >= 4 sizes, "
                              "analysis/ladder_report.py)")
+    parser.add_argument("--held-out", default=None, metavar="EXPERIMENT=STORE",
+                        help="--kind ladder: the largest rung from another store's verdict protocol (STORE: a "
+                             "tracking URI or an SQLite file, .db or .db.gz), e.g. "
+                             "known-results=reports/known-results/mlflow.db.gz")
     args = parser.parse_args(argv)
+    if args.held_out and args.kind != "ladder":
+        print(f"analysis.report: error: --held-out {args.held_out}: only --kind ladder reads a held-out rung; add "
+              "--kind ladder", file=sys.stderr)
+        return 2
     out = args.out or str(Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", args.query).strip("_") or "report"))
     try:
         ctx = build_report(args.query, out, baseline=args.baseline, tracking_uri=args.tracking_uri,
                            filter_string=args.filter, formats=tuple(args.formats or ("png",)),
-                           margin=args.margin, paired=args.paired, kind=args.kind)
+                           margin=args.margin, paired=args.paired, kind=args.kind, held_out=args.held_out)
     except AnalysisError as exc:
         print(f"analysis.report: error: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """How often the ladder's trend statistics (analysis/ladder.py) err, by simulation: the held-out size's 95% prediction
 interval (its coverage) and the slope test at 0.05 (its rate of false trends, and its power), with φ floored at 1
-(the report's rule) and without a floor (textbook weighted least squares). docs/ladder.md, "Error rates", prints the output.
+(the report's rule) and without a floor (textbook weighted least squares). docs/ladder.md, "Error rates", prints
+the output.
 
     python scripts/ladder_simulate.py --studies 4000
 

@@ -8,7 +8,9 @@
 - Fieller's interval for the size where the line reaches a value: at both ends the band's edge touches the value;
 - decision accuracy counted by hand.
 """
+import gzip
 import math
+import shutil
 from fractions import Fraction as F
 
 import numpy as np
@@ -211,17 +213,18 @@ def seed_values(size: str, arm: str) -> np.ndarray:
     return base + PLANTED[arm][i] + 1.5 * OFFSETS[::-1] * SPREAD[size]
 
 
-def make_ladder_store(uri: str) -> None:
+def make_ladder_store(uri: str, sizes=tuple(SIZES), name: str = PROTOCOL) -> None:
+    """The planted ladder at `sizes`, as protocol and experiment `name`."""
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment(PROTOCOL)
+    exp = client.create_experiment(name)
     clock = [1_700_000_000_000]
-    for size, log_n in SIZES.items():
-        n = 2**log_n
+    for size in sizes:
+        n = 2 ** SIZES[size]
         for arm in ("baseline", *PLANTED):
-            tags = {"verdict.protocol": PROTOCOL, "verdict.arm": arm, "verdict.family": arm,
+            tags = {"verdict.protocol": name, "verdict.arm": arm, "verdict.family": arm,
                     "verdict.baseline": "baseline", "verdict.size": size, "verdict.budget_flops": f"{6 * n * 2e4:g}",
                     "verdict.margin": f"{LADDER_MARGIN:g}", "verdict.margin_reason": "a test", "verdict.holm": "size",
                     "verdict.primary": "arms=*;sizes=*", "verdict.stage": "seeds", "verdict.lr": "0.003"}
@@ -373,3 +376,32 @@ def test_report_says_which_sizes_are_trained_models(ladder_report):
     assert rows["w24"].endswith("| **no** |")
     assert all(rows[s].endswith("| yes |") for s in ("w32", "w48", "w64"))
     assert "| 2.4000 | −0.2500 | −0.0500 |" in rows["w32"]
+
+
+def test_held_out_rung_from_another_store(ladder_report, tmp_path, capsys):
+    """The largest rung read from its own (gzipped) store, as the ladder will read the known-results study's: the
+    same numbers as the one-store report, and the head and Regenerate command name where it came from."""
+    from analysis.report import main
+
+    _, out = ladder_report
+    small, top = f"sqlite:///{tmp_path}/small.db", tmp_path / "top.db"
+    make_ladder_store(small, sizes=("w16", "w24", "w32", "w48"))
+    make_ladder_store(f"sqlite:///{top}", sizes=("w64",), name="ladder-top")
+    with open(top, "rb") as src, gzip.open(tmp_path / "top.db.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    split = tmp_path / "split"
+    held = f"ladder-top={tmp_path}/top.db.gz"
+    assert main([PROTOCOL, "--kind", "ladder", "--tracking-uri", small, "--out", str(split), "--held-out", held]) == 0
+    for name in ("ladder_points.csv", "ladder_trends.csv", "ladder_predictions.csv", "decision_accuracy.csv"):
+        assert (split / name).read_bytes() == (out / name).read_bytes(), name
+    md = (split / "index.md").read_text(encoding="utf-8")
+    assert "`w64` of protocol `ladder-top`" in md and f"--held-out {held}" in md
+    # a held-out rung must be another, larger size: the ladder's own store names w48 again
+    capsys.readouterr()  # MLflow's log lines from making the stores
+    code = main([PROTOCOL, "--kind", "ladder", "--tracking-uri", small, "--out", str(tmp_path / "bad"),
+                 "--held-out", f"{PROTOCOL}={tmp_path}/small.db"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "`w48` is also a size" in err
+    assert main([PROTOCOL, "--tracking-uri", small, "--out", str(tmp_path / "bad"), "--held-out", held]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "only --kind ladder" in err
