@@ -261,7 +261,8 @@ def predictions_section(ctx: Context) -> list:
     for r in pred.itertuples():
         measured = r.covered != "unmeasured"
         rows.append([f"`{r.arm}`", f"`{r.size}`" if measured else r.size, n_text(r.n_params), str(r.fit_sizes),
-                     f"{signed(r.predicted)} {ci_text(r.low, r.high)} ({r.interval})",
+                     f"{signed(r.predicted)} {ci_text(r.low, r.high)} ({r.interval})" if np.isfinite(r.predicted)
+                     else f"n/a (a trend needs Δ at {ladder.MIN_FIT} smaller sizes)",
                      f"{signed(r.measured)} {ci_text(r.measured_low, r.measured_high)}" if measured else "unmeasured",
                      f"**{r.covered}**" if r.covered in ("yes", "no") else r.covered])
     return [("h2", "The held-out size, predicted then measured"),
@@ -341,9 +342,10 @@ def trained_section(ctx: Context) -> list:
 
 
 def ladder_summary(ctx: Context) -> list[str]:
-    lad, p = ctx.once(ladder_of), ctx.protocol
+    lad, p, held = ctx.once(ladder_of), ctx.protocol, ctx.once(held_out_of)
+    top = f"`{held.size}` of `{held.protocol}` ({held.source})" if held else f"`{p.sizes[-1]}`"
     lines = [f"ladder report for {ctx.runset.description} (protocol `{p.name}`): {len(p.arms)} arms x "
-             f"{len(p.sizes)} sizes, `{p.sizes[-1]}` held out -> {ctx.out / 'index.md'}",
+             f"{len(p.sizes)} sizes, {top} held out -> {ctx.out / 'index.md'}",
              protocol.protocol_summary(ctx)[1]]
     for r in lad["trends"].itertuples():
         slope = "n/a" if not np.isfinite(r.slope) else f"{r.slope:+.4f} [{r.slope_low:+.4f}, {r.slope_high:+.4f}]"
