@@ -16,6 +16,7 @@ from analysis.engine import section
 from analysis.verdict import BETTER, VERDICT_METRIC, WORSE
 
 FIGURE = "forest"
+BY_SIZE_FIGURE = "forest_by_size"
 CSV = "forest.csv"
 COLUMNS = ["label", "size", "arm", "delta", "ci_low", "ci_high", "margin", "verdict", "expected", "seed_deltas"]
 COLORS = {BETTER: "#1a9850", WORSE: "#d73027", "equivalent": "#4575b4", "inconclusive": "0.45"}
@@ -49,16 +50,19 @@ def _kind(verdict: str) -> str:
     return "equivalent" if str(verdict).startswith("equivalent") else str(verdict)
 
 
-def forest_figure(frame: pd.DataFrame) -> Figure:
-    """The forest plot of `forest_frame`'s rows, the first at the top."""
-    fig = Figure(figsize=(8.5, 1.6 + 0.55 * len(frame)), dpi=110, layout="constrained")
-    ax = fig.subplots()
-    y = np.arange(len(frame))[::-1].astype(float)
+def _limits(frame: pd.DataFrame) -> tuple[float, float]:
+    """(m, lim): the widest margin of the rows (NaN without one) and the half-width of the x axis that shows every
+    number drawn."""
     margins = frame["margin"].astype(float)
     m = float(margins[np.isfinite(margins)].max()) if np.isfinite(margins).any() else np.nan
     spread = [abs(v) for r in frame.itertuples() for v in (r.delta, r.ci_low, r.ci_high, *_dots(r.seed_deltas), m)
               if np.isfinite(v)]
-    lim = 1.2 * max(spread) if spread else 1.0
+    return m, 1.2 * max(spread) if spread else 1.0
+
+
+def _panel(ax, frame: pd.DataFrame, m: float, lim: float) -> list:
+    """Draw the rows of `frame` on `ax` (the first at the top); returns the margin band's artist (none without m)."""
+    y = np.arange(len(frame))[::-1].astype(float)
     band = [ax.axvspan(-m, m, color="0.88", zorder=0, label=f"equivalence margin ±{m:.3g}")] if np.isfinite(m) else []
     ax.axvline(0, color="0.3", linewidth=0.8, zorder=1)
     for yi, r in zip(y, frame.itertuples()):
@@ -74,26 +78,59 @@ def forest_figure(frame: pd.DataFrame) -> Figure:
     ax.set_xlim(-lim, lim)
     ax.set_ylim(-0.8, len(frame) - 0.4)
     ax.set_yticks(y, [f"{r.label}: {r.verdict}" for r in frame.itertuples()])
-    ax.set_xlabel("Δ val bpb, arm − baseline (< 0: the arm is better)")
     ax.grid(True, axis="x", alpha=0.3)
+    return band
+
+
+def _legend(fig: Figure, ax, frame: pd.DataFrame, band: list) -> None:
     handles = [ax.plot([], [], "o-", color="0.3", label="Δ and its 95% Welch CI")[0],
                ax.plot([], [], ".", color="0.3", label="each seed − the baseline's mean")[0]]
     if frame["expected"].isin(list(MARKERS)).any():
         handles.append(ax.plot([], [], "<", markerfacecolor="none", markeredgecolor="black",
                                label="the paper: ◁ lower loss, ▷ higher, ◇ no difference")[0])
     fig.legend(handles=band + handles, fontsize="small", loc="outside lower center", ncols=2)
+
+
+XLABEL = "Δ val bpb, arm − baseline (< 0: the arm is better)"
+
+
+def forest_figure(frame: pd.DataFrame) -> Figure:
+    """The forest plot of `forest_frame`'s rows, the first at the top."""
+    fig = Figure(figsize=(8.5, 1.6 + 0.55 * len(frame)), dpi=110, layout="constrained")
+    ax = fig.subplots()
+    m, lim = _limits(frame)
+    band = _panel(ax, frame, m, lim)
+    ax.set_xlabel(XLABEL)
+    _legend(fig, ax, frame, band)
     fig.suptitle("Every comparison at a glance: val bpb, arm − baseline (colour: the verdict)", fontsize="medium")
     return fig
 
 
-@section("forest")
-def forest_section(ctx) -> list:
-    """The forest plot of a verdict report's comparisons (nothing when there are none), and forest.csv."""
+def forest_by_size(frame: pd.DataFrame) -> Figure:
+    """The forest plot with one panel per size (in the rows' order), one x axis for all: how each comparison moves
+    from size to size."""
+    sizes = list(dict.fromkeys(frame["size"]))
+    rows = [int((frame["size"] == s).sum()) for s in sizes]
+    fig = Figure(figsize=(8.5, 1.6 + 0.55 * len(frame) + 0.45 * len(sizes)), dpi=110, layout="constrained")
+    axes = fig.subplots(len(sizes), 1, sharex=True, squeeze=False, height_ratios=[n + 0.6 for n in rows])[:, 0]
+    m, lim = _limits(frame)
+    for ax, size in zip(axes, sizes):
+        band = _panel(ax, frame[frame["size"] == size], m, lim)
+        ax.set_title(f"size {size}", fontsize="small", loc="left")
+    axes[-1].set_xlabel(XLABEL)
+    _legend(fig, axes[-1], frame, band)
+    fig.suptitle("Every comparison, size by size: val bpb, arm − baseline (colour: the verdict)", fontsize="medium")
+    return fig
+
+
+def forest_blocks(ctx, draw=forest_figure, name: str = FIGURE) -> list:
+    """The forest plot of a verdict report's comparisons drawn by `draw` into figure `name` (nothing when there are
+    none), and forest.csv."""
     frame = forest_frame(ctx.table, ctx.protocol.seeds, ctx.expected)
     if frame.empty:
         return []
     ctx.write(CSV, frame.to_csv(index=False, lineterminator="\n"))
-    path = ctx.figure(forest_figure(frame), FIGURE)
+    path = ctx.figure(draw(frame), name)
     margin = ("fixed before the runs" if ctx.margin.preset else "none" if not np.isfinite(ctx.margin.value)
               else "given at report time")
     return [("img", "forest plot: every comparison's Δ val bpb with its 95% Welch CI, its seeds and the margin", path),
@@ -103,3 +140,14 @@ def forest_section(ctx) -> list:
                   "the verdict (green better, red worse, blue equivalent, grey inconclusive)"
                   + ("; ◁ ▷ ◇: the direction the paper found" if ctx.expected else "")
                   + ". Numbers: `forest.csv` and the verdict table below.")]
+
+
+@section("forest")
+def forest_section(ctx) -> list:
+    return forest_blocks(ctx)
+
+
+@section("forest.by_size")
+def forest_by_size_section(ctx) -> list:
+    """The same, one panel per size (the ladder report)."""
+    return forest_blocks(ctx, forest_by_size, BY_SIZE_FIGURE)

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import common, context, known_results, protocol, scaling  # noqa: F401  (sections register on import)
+from analysis import common, context, known_results, ladder_report, protocol, scaling  # noqa: F401  (sections register)
 from analysis.document import (fit_param, identifiability_blocks, machine_counts, margin_text, multiplier_text,
                                p_text, render_markdown, run_counts, sci, signed_value, value)
 from analysis.engine import Context, Kind, build, section
@@ -497,10 +497,12 @@ ABLATION = Kind("ablation", load_ablation, lambda ctx: f"Ablation report: {ctx.r
 
 
 # ---------------------------------------------------------------- the command
-KINDS = {"known-results": known_results.KNOWN_RESULTS}  # chosen with --kind; else ablation or protocol by the runs
+# chosen with --kind; else ablation or protocol by the runs
+KINDS = {"known-results": known_results.KNOWN_RESULTS, "ladder": ladder_report.LADDER}
 def build_report(query: str, out: str | Path, baseline: str | None = None, tracking_uri: str | None = None,
                  filter_string: str = "", formats=("png",), margin: float | None = None,
-                 paired: str | None = None, kind: str = "auto", plan: str | None = None) -> Context:
+                 paired: str | None = None, kind: str = "auto", plan: str | None = None,
+                 held_out: str | None = None) -> Context:
     """Read the runs, write every file of the report into `out`, return its context (`.kind` says which report:
     the protocol's when the runs come from the verdict protocol; `kind="known-results"`: analysis/known_results.py).
     Raises AnalysisError when nothing can be written (no such experiment, no runs, unknown baseline, bad margin,
@@ -511,8 +513,8 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
     if runset.runs.empty:
         raise AnalysisError(f"no runs for {runset.description} at {display_uri(runset.tracking_uri)}; "
                             "nothing written")
-    if kind == "known-results" and not protocol.is_protocol(runset):
-        raise AnalysisError(f"--kind known-results: the runs of {runset.description} carry no verdict.protocol tag; "
+    if kind in KINDS and not protocol.is_protocol(runset):
+        raise AnalysisError(f"--kind {kind}: the runs of {runset.description} carry no verdict.protocol tag; "
                             "report a verdict protocol's runs (python -m sweeps.verdict verdict=known-results)")
     kind = KINDS.get(kind) or (protocol.PROTOCOL if protocol.is_protocol(runset) else ABLATION)
     if plan and kind is ABLATION:
@@ -521,7 +523,8 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
     ctx = Context(out=Path(out), runset=runset, query=runset.query, tracking_uri=runset.tracking_uri,
                   filter_string=filter_string, formats=tuple(formats), paired_path=paired, paired=paired_res,
                   plan_path=plan, plan=plan_res,
-                  given_baseline=baseline, given_margin=margin, kind=kind)
+                  given_baseline=baseline, given_margin=margin, kind=kind,
+                  sources={"held-out": held_out} if held_out else {})
     return build(kind, ctx)
 
 
@@ -550,13 +553,23 @@ def main(argv=None) -> int:
     parser.add_argument("--kind", default="auto", choices=("auto", *KINDS),
                         help="the report kind (default: ablation, or protocol when the runs carry verdict.protocol; "
                              "known-results: the published findings of analysis/literature.py against a protocol's "
-                             "runs)")
+                             "runs; ladder: each arm's Δ against model size over a protocol's >= 4 sizes, "
+                             "analysis/ladder_report.py)")
+    parser.add_argument("--held-out", default=None, metavar="EXPERIMENT=STORE",
+                        help="--kind ladder: the largest rung from another store's verdict protocol (STORE: a "
+                             "tracking URI or an SQLite file, .db or .db.gz), e.g. "
+                             "known-results=reports/known-results/mlflow.db.gz")
     args = parser.parse_args(argv)
+    if args.held_out and args.kind != "ladder":
+        print(f"analysis.report: error: --held-out {args.held_out}: only --kind ladder reads a held-out rung; add "
+              "--kind ladder", file=sys.stderr)
+        return 2
     out = args.out or str(Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", args.query).strip("_") or "report"))
     try:
         ctx = build_report(args.query, out, baseline=args.baseline, tracking_uri=args.tracking_uri,
                            filter_string=args.filter, formats=tuple(args.formats or ("png",)),
-                           margin=args.margin, paired=args.paired, kind=args.kind, plan=args.plan)
+                           margin=args.margin, paired=args.paired, kind=args.kind, plan=args.plan,
+                           held_out=args.held_out)
     except AnalysisError as exc:
         print(f"analysis.report: error: {exc}", file=sys.stderr)
         return 2
