@@ -64,21 +64,27 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     return name, overrides
 
 
+def mean_interval(values: list[float]) -> tuple[float, float | None]:
+    """(mean, half-width of its 95% t interval) over rounds; the half-width is None with one round."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+
+
 def ratio_summary(reference, arm) -> dict:
     """Paired per-round ratios arm/reference: their geometric mean and a 95% t interval on the log ratios.
 
     reference, arm: tokens/s of the same rounds. With one round there is no interval (None)."""
-    from scipy import stats
-
     per_round = [a / r for r, a in zip(reference, arm, strict=True)]
-    logs = [math.log(v) for v in per_round]
-    n = len(logs)
-    mean = sum(logs) / n
+    mean, half = mean_interval([math.log(v) for v in per_round])
     out = {"ratio": math.exp(mean), "ratio_ci_low": None, "ratio_ci_high": None, "ratio_median": median(per_round),
            "ratio_per_round": per_round}
-    if n >= 2:
-        sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / (n - 1))
-        half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    if half is not None:
         out.update(ratio_ci_low=math.exp(mean - half), ratio_ci_high=math.exp(mean + half))
     return out
 
@@ -132,18 +138,19 @@ def _check_honoured(name: str, cfg, base: dict, threads: int) -> None:
                               f"honour it; {fix}")
 
 
-def _compose_arms(model: str, arms: list[tuple[str, list[str]]], threads: int):
+def _compose_arms(model: str | None, arms: list[tuple[str, list[str]]], threads: int):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from ablations.bench import model_dict
     from ablations.compose import compose
 
-    base = _leaves(compose([f"model={model}"]))
+    preset = [f"model={model}"] if model else []  # None: conf/config.yaml's default model
+    base = _leaves(compose(preset))
     out = []
     for name, overrides in arms:
         try:
-            cfg = compose([f"model={model}", *overrides])
+            cfg = compose([*preset, *overrides])
         except (HydraException, OmegaConfBaseException) as exc:
             line = " ".join(str(exc).split()) or type(exc).__name__  # Hydra lists the valid options on more lines
             raise PairedError(f"arm {name!r}: {line}") from None
@@ -209,7 +216,7 @@ def _shared(arms: list[dict], key: str):
     return values[0] if len(set(values)) == 1 else ", ".join(f"{a['name']} {a[key]}" for a in arms)
 
 
-def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: int, warmup: int = 2,
+def measure(model: str | None, arms: list[tuple[str, list[str]]], steps: int, rounds: int, warmup: int = 2,
             device: str | None = None, log=print) -> dict:
     """Build every arm with its own device, precision, batch size and context, then time `steps` training steps
     per arm per round over `rounds` interleaved rounds."""
