@@ -73,11 +73,21 @@ def paired_blocks(res: dict | None, path: str | None) -> list:
                           "per arm" if cold else "") + "."))
     rows = [[f"`{a['name']}`", "`" + (" ".join(a.get("overrides", [])) or "(defaults)") + "`", f"{a['params']:,}",
              _path(a), f"{a['median_tokens_per_sec']:,.0f}",
-             f"{min(a['tokens_per_sec']):,.0f} – {max(a['tokens_per_sec']):,.0f}", _ratio(a, ref)]
+             f"{min(a['tokens_per_sec']):,.0f} – {max(a['tokens_per_sec']):,.0f}", _flops(a, res["arms"], ref),
+             _ratio(a, ref)]
             for a in res["arms"]]
     b.append(("table", ["arm", "overrides", "params", "path", "tokens/s (median over rounds)", "range over rounds",
-                        f"ratio to `{ref}` [95% CI]"], rows))
+                        f"FLOPs/token ÷ `{ref}`'s", f"ratio to `{ref}` [95% CI]"], rows))
     return b + history_blocks(res.get("history") or [], ref)
+
+
+def _flops(a: dict, arms: list[dict], reference: str) -> str:
+    """The arm's counted FLOPs per token over the reference's: the tokens/s ratio its arithmetic alone would give
+    is the inverse."""
+    ref = next(r for r in arms if r["name"] == reference)
+    if not a.get("flops_per_token") or not ref.get("flops_per_token"):
+        return "–"
+    return f"{a['flops_per_token'] / ref['flops_per_token']:.3f}"
 
 
 def _path(a: dict) -> str:

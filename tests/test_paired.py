@@ -238,7 +238,8 @@ def test_report_labels_each_arms_path_and_keeps_the_history():
 
     def arm(name, ratio, path=None, probe=None):
         a = {"name": name, "overrides": [], "params": 1, "median_tokens_per_sec": 1000.0, "tokens_per_sec": [990.0,
-             1010.0], "ratio": ratio, "ratio_ci_low": ratio - 0.01, "ratio_ci_high": ratio + 0.01}
+             1010.0], "ratio": ratio, "ratio_ci_low": ratio - 0.01, "ratio_ci_high": ratio + 0.01,
+             "flops_per_token": 200 if name == "base" else 201}
         return {**a, **({"path": path, "probe": probe, "warmup_sec": {"eager": 1.0, "compile": 41.0}} if path
                          else {})}
 
@@ -254,6 +255,7 @@ def test_report_labels_each_arms_path_and_keeps_the_history():
     table = [blk for blk in blocks if blk[0] == "table"]
     assert table[0][1][3] == "path"
     assert table[0][2][0][3] == "compile (compile/eager ×1.040 in the probe)" and table[0][2][1][3].startswith("eager")
+    assert [row[6] for row in table[0][2]] == ["1.000", "1.005"]  # FLOPs per token over the reference's
     assert table[1][1] == ["arm", "undated: Xeon, bf16-mixed, as configured (eager unless compile=true)"]
     assert table[1][2] == [["`base`", "reference"], ["`rope`", "×0.822 [0.812, 0.832]"]]
     assert "`old cmd`" in text
