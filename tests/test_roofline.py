@@ -86,3 +86,36 @@ def test_roofline_arms_swap_one_family_each():
     assert arms["position=rope"] == ["position=rope"] and arms["norm.qk_norm=true"] == ["norm.qk_norm=true"]
     assert "position=learned" not in arms and "mlp=gelu" not in arms  # the baseline's own
     assert len(arms) == sum(len(names(f)) - 1 for f in ("position", "norm", "mlp")) + 1
+
+
+@pytest.mark.slow
+def test_roofline_section_on_the_tiny_model(tmp_path):
+    """`python -m ablations.bench --only roofline` end to end on model=tiny: every variant row, paired, with the byte
+    count of modules.elementwise for the composed model and the triad of the ceilings section as its bound."""
+    import json
+
+    import torch
+
+    from ablations import bench
+    from ablations.bench.core import model_dict
+    from ablations.bench.roofline import roofline_arms
+    from ablations.compose import compose
+
+    path, threads = tmp_path / "bench.json", torch.get_num_threads()
+    try:
+        assert bench.main(["model=tiny", "--quick", "--only", "roofline", "--rounds", "2", "--steps", "1",
+                           "--window", "0.05", "--threads", "1", "--json", str(path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = json.loads(path.read_text())
+    roof = out["roofline"]
+    assert roof["bandwidth_bytes_per_sec"] == out["bandwidth_bytes_per_sec"]["triad"] > 0
+    rope = roof["32-true"]["arms"]["position=rope"]
+    tiny = compose(["model=tiny"])
+    base = GPTConfig.from_dict(model_dict(tiny))
+    swapped = GPTConfig.from_dict(model_dict(compose(["model=tiny", "position=rope"])))
+    n = int(tiny.data.batch_size) * base.block_size
+    assert rope["extra_bytes"] == extra_bytes(swapped, base, n, 4) > 0
+    assert rope["roofline_sec"] == pytest.approx(rope["extra_bytes"] / roof["bandwidth_bytes_per_sec"])
+    assert set(roof["32-true"]["arms"]) == {label for label, _ in roofline_arms(model_dict(tiny))}
+    assert all(math.isfinite(a["extra_sec"]) for a in roof["32-true"]["arms"].values())
