@@ -67,21 +67,27 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     return name, overrides
 
 
+def mean_interval(values: list[float]) -> tuple[float, float | None]:
+    """(mean, half-width of its 95% t interval) over rounds; the half-width is None with one round."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+
+
 def ratio_summary(reference, arm) -> dict:
     """Paired per-round ratios arm/reference: their geometric mean and a 95% t interval on the log ratios.
 
     reference, arm: tokens/s of the same rounds. With one round there is no interval (None)."""
-    from scipy import stats
-
     per_round = [a / r for r, a in zip(reference, arm, strict=True)]
-    logs = [math.log(v) for v in per_round]
-    n = len(logs)
-    mean = sum(logs) / n
+    mean, half = mean_interval([math.log(v) for v in per_round])
     out = {"ratio": math.exp(mean), "ratio_ci_low": None, "ratio_ci_high": None, "ratio_median": median(per_round),
            "ratio_per_round": per_round}
-    if n >= 2:
-        sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / (n - 1))
-        half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    if half is not None:
         out.update(ratio_ci_low=math.exp(mean - half), ratio_ci_high=math.exp(mean + half))
     return out
 
@@ -135,18 +141,19 @@ def _check_honoured(name: str, cfg, base: dict, threads: int) -> None:
                               f"honour it; {fix}")
 
 
-def _compose_arms(model: str, arms: list[tuple[str, list[str]]], threads: int):
+def _compose_arms(model: str | None, arms: list[tuple[str, list[str]]], threads: int):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from ablations.bench import model_dict
     from ablations.compose import compose
 
-    base = _leaves(compose([f"model={model}"]))
+    preset = [f"model={model}"] if model else []  # None: conf/config.yaml's default model
+    base = _leaves(compose(preset))
     out = []
     for name, overrides in arms:
         try:
-            cfg = compose([f"model={model}", *overrides])
+            cfg = compose([*preset, *overrides])
         except (HydraException, OmegaConfBaseException) as exc:
             line = " ".join(str(exc).split()) or type(exc).__name__  # Hydra lists the valid options on more lines
             raise PairedError(f"arm {name!r}: {line}") from None
@@ -185,9 +192,10 @@ def arm_setting(name: str, cfg, device: str | None) -> dict:
             "block_size": int(cfg.model.block_size), "clip": float(clip) if clip else None}  # 0: none, as Lightning
 
 
-def _build(composed, device: str | None, steps: int, warmup: int) -> list[tuple]:
+def _build(composed, device: str | None, steps: int, warmup: int, path: str = "configured") -> list[tuple]:
     """Each arm's trainer on its own device and precision, stepping through batches of its own batch size and
-    context (arms that share them share the batches)."""
+    context (arms that share them share the batches). path "fastest": an arm not set to compile=true gets both
+    candidates, eager and compiled, as {"eager": trainer, "compile": trainer}; `choose_paths` keeps one."""
     from ablations.bench import BareTrainer, training_batches
 
     settings = [arm_setting(name, cfg, device) for name, _, cfg, _ in composed]  # every refusal before building
@@ -197,13 +205,69 @@ def _build(composed, device: str | None, steps: int, warmup: int) -> list[tuple]
         if key not in batches:
             batches[key] = training_batches(*key, max(steps + warmup, 8), seed=0)
         data, s["batches"] = batches[key]
-        try:
-            tr = BareTrainer(mcfg, data, s["precision"], compiled=bool(cfg.get("compile")), optim=cfg.optim,
-                             device=s["device"], clip=s["clip"])  # compile=true: torch.compile (warm-up compiles)
+        configured = bool(cfg.get("compile"))
+        candidates = (False, True) if path == "fastest" and not configured else (configured,)
+        try:  # compile=true: torch.compile (the warm-up compiles)
+            built = {("compile" if c else "eager"): BareTrainer(mcfg, data, s["precision"], compiled=c,
+                                                                  optim=cfg.optim, device=s["device"], clip=s["clip"])
+                     for c in candidates}
         except ConfigError as exc:  # a bad model value (named by modules.config)
             raise PairedError(f"arm {name!r}: {exc}") from None
-        trainers.append((name, overrides, mcfg, s, tr))
+        trainers.append((name, overrides, mcfg, s, built if len(built) > 1 else next(iter(built.values()))))
     return trainers
+
+
+PATH_RULES = {"configured": "each arm as its config says (compile=true: torch.compile; else eager)",
+              "fastest": "each arm on the faster of eager and torch.compile, by a paired probe before the rounds"}
+
+
+def eager_kernels() -> dict[str, str]:
+    """The harness's own fused kernels the eager path uses here: RMSNorm's C++ kernel (built, or why not)."""
+    from modules.kernels import rms_norm as rms_kernel
+
+    built = rms_kernel.kernel() is not None
+    return {"rmsnorm": "C++ kernel" if built else f"op by op ({rms_kernel._built.get('why', 'not built')})",
+            "rope": "fused autograd.Function (modules/positions/base.py)"}
+
+
+def _first_steps(tr, n: int, device: str) -> float:
+    """Seconds of the first n steps of a fresh trainer (compiled: mostly compiling, from inductor's on-disk
+    caches where an earlier process filled them)."""
+    from ablations.inference_timing import sync
+
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tr.step()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def choose_paths(trainers: list[tuple], steps: int, rounds: int, log=print) -> list[tuple]:
+    """For every arm with two candidates ({"eager": tr, "compile": tr}), time both side by side in `rounds`
+    rounds of `steps` steps (alternating which goes first) and keep the faster by the median of the per-round
+    ratios; the probe's figures go into the arm's settings (`probe`). Arms with one trainer pass through."""
+    from ablations.inference_timing import sync
+
+    out = []
+    for name, overrides, mcfg, s, built in trainers:
+        if not isinstance(built, dict):
+            out.append((name, overrides, mcfg, s, built))
+            continue
+        rates = {k: [] for k in built}
+        for r in range(rounds):
+            for k in (list(built) if r % 2 == 0 else list(built)[::-1]):
+                sync(s["device"])
+                t0 = time.perf_counter()
+                tokens = sum(built[k].step() for _ in range(steps))
+                sync(s["device"])
+                rates[k].append(tokens / (time.perf_counter() - t0))
+        ratio = median(c / e for e, c in zip(rates["eager"], rates["compile"]))
+        pick = "compile" if ratio > 1 else "eager"
+        s["probe"] = {"rounds": rounds, "steps": steps, "compile_over_eager": ratio,
+                      **{f"{k}_tokens_per_sec": median(v) for k, v in rates.items()}}
+        log(f"[paired] {name}: compile/eager x{ratio:.3f} over {rounds} probe rounds: {pick}")
+        out.append((name, overrides, mcfg, s, built[pick]))
+    return out
 
 
 def _shared(arms: list[dict], key: str):
@@ -212,23 +276,25 @@ def _shared(arms: list[dict], key: str):
     return values[0] if len(set(values)) == 1 else ", ".join(f"{a['name']} {a[key]}" for a in arms)
 
 
-def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: int, warmup: int = 2,
-            device: str | None = None, log=print) -> dict:
+def measure(model: str | None, arms: list[tuple[str, list[str]]], steps: int, rounds: int, warmup: int = 2,
+            device: str | None = None, log=print, path: str = "configured", probe_rounds: int = 4) -> dict:
     """Build every arm with its own device, precision, batch size and context, then time `steps` training steps
-    per arm per round over `rounds` interleaved rounds."""
+    per arm per round over `rounds` interleaved rounds. path "fastest": each arm on the faster of eager and
+    compiled, chosen by a paired probe of `probe_rounds` rounds (`choose_paths`); "configured": as its config says."""
     import torch
 
     from ablations.inference_timing import sync
     from modules import accounting
 
-    trainers = _build(_compose_arms(model, arms, torch.get_num_threads()), device, steps, warmup)
+    trainers = _build(_compose_arms(model, arms, torch.get_num_threads()), device, steps, warmup, path)
     notes = emulated_notes([(name, s) for name, *_, s, _ in trainers])
     for line in notes.values():
         log(f"[paired] {line}")
-    for *_, s, tr in trainers:  # untimed: first-call allocations, autotuning, the lr warm-up's first steps
-        for _ in range(warmup):
-            tr.step()
-        sync(s["device"])
+    for *_, s, built in trainers:  # untimed: first-call allocations, compiling, the lr warm-up's first steps
+        for candidate, tr in (built.items() if isinstance(built, dict) else [(None, built)]):
+            s.setdefault("warmup_sec", {})[candidate or ("compile" if tr.fwd is not tr.model else "eager")] = \
+                _first_steps(tr, warmup, s["device"])
+    trainers = choose_paths(trainers, steps, probe_rounds, log)
     rates = {name: [] for name, *_ in trainers}
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     for r in range(rounds):
@@ -243,6 +309,7 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
     arms_out = []
     for name, overrides, mcfg, s, tr in trainers:
         arms_out.append({"name": name, "overrides": overrides, "compiled": tr.fwd is not tr.model,
+                         "path": "compile" if tr.fwd is not tr.model else "eager",
                          **s, "tokens_per_step": tr.tokens,
                          "logits_dtype": str(tr.logits_dtype).removeprefix("torch."),
                          **accounting.param_counts(mcfg),
@@ -256,7 +323,7 @@ def measure(model: str, arms: list[tuple[str, list[str]]], steps: int, rounds: i
             "device_name": ", ".join(torch.cuda.get_device_name() if d.startswith("cuda") else cpu_model()
                                      for d in sorted(devices)),
             "threads": torch.get_num_threads(), "malloc": malloc_mode(), "torch": torch.__version__,
-            "steps_per_round": steps,
+            "steps_per_round": steps, "path_rule": PATH_RULES[path], "kernels": eager_kernels(),
             "warmup_steps": warmup, "rounds": rounds, "order": ORDER, "load_average_start": load_start,
             "load_average_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             "reference": ref, "arms": arms_out, "emulated": notes}
@@ -281,6 +348,27 @@ def emulated_notes(settings: list[tuple[str, dict]]) -> dict[str, str]:
     return out
 
 
+HISTORY_KEYS = ("date", "command", "device_name", "precision", "path_rule", "threads", "torch", "rounds",
+                "steps_per_round", "load_average_start", "load_average_end", "kernels")
+HISTORY_ARM_KEYS = ("name", "overrides", "path", "compiled", "median_tokens_per_sec", "ratio", "ratio_ci_low",
+                    "ratio_ci_high")
+
+
+def history_of(path: str) -> list[dict]:
+    """An earlier measurement's summary (what the report shows of it, without its rounds) followed by its own
+    history: a new measurement of the same arms keeps the old figures beside it instead of replacing them."""
+    try:
+        old = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PairedError(f"--history {path}: cannot read it as JSON ({exc}); pass a file written by "
+                          "python -m ablations.paired --json FILE") from None
+    if not isinstance(old, dict) or old.get("tool") != TOOL or not isinstance(old.get("arms"), list):
+        raise PairedError(f"--history {path}: not a measurement of python -m ablations.paired (no tool/arms keys)")
+    entry = {k: old.get(k) for k in HISTORY_KEYS}
+    entry["arms"] = [{k: a.get(k) for k in HISTORY_ARM_KEYS} for a in old["arms"]]
+    return [entry, *old.get("history", [])]
+
+
 def summary_lines(res: dict) -> list[str]:
     lines = [f"{res['model']}, {res['precision']} on {res['device']} ({res['threads']} threads), {res['rounds']} "
              f"rounds x {res['steps_per_round']} steps x {res['tokens_per_step']} tokens, {ORDER}"]  # per arm where
@@ -288,8 +376,14 @@ def summary_lines(res: dict) -> list[str]:
     for a in res["arms"]:
         ci = "" if a["ratio_ci_low"] is None else f" [{a['ratio_ci_low']:.3f}, {a['ratio_ci_high']:.3f}]"
         ratio = "reference" if a["name"] == res["reference"] else f"x{a['ratio']:.3f}{ci} vs {res['reference']}"
+        probe = a.get("probe")
+        why = "" if not probe else f" (compile/eager x{probe['compile_over_eager']:.3f} in the probe)"
         lines.append(f"  {a['name']:<12} {a['median_tokens_per_sec']:>10,.0f} tok/s (median)  {ratio}  "
-                     f"params {a['params']:,}")
+                     f"params {a['params']:,}  {a.get('path', 'eager')}{why}")
+    cold = [f"{a['name']} {a['warmup_sec']['compile']:.0f} s" for a in res["arms"]
+            if "compile" in a.get("warmup_sec", {})]
+    if cold:  # compiling happens in the first steps; inductor's on-disk caches make later processes faster
+        lines.append(f"  compiled arms' first {res['warmup_steps']} steps (compiling): " + ", ".join(cold))
     return lines + [f"  note: {line}" for line in res.get("emulated", {}).values()]
 
 
@@ -303,16 +397,24 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per arm before the rounds (default 2)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--device", default=None, help="cpu | cuda (default: trainer.accelerator, auto)")
+    parser.add_argument("--path", default="configured", choices=tuple(PATH_RULES),
+                        help="fastest: each arm on the faster of eager and compiled (a paired probe first); "
+                             "configured (default): as each arm's compile setting says")
+    parser.add_argument("--probe-rounds", dest="probe_rounds", type=int, default=4,
+                        help="rounds of the eager/compiled probe with --path fastest (default 4)")
+    parser.add_argument("--history", default=None,
+                        help="an earlier --json file of these arms: its figures are kept in the new file's history")
     parser.add_argument("--json", default=None, help="write every round and the summary to this JSON file")
     args = parser.parse_args(argv)
     try:
-        for opt in ("steps", "rounds"):
+        for opt in ("steps", "rounds", "probe_rounds"):
             if getattr(args, opt) < 1:
-                raise PairedError(f"--{opt} {getattr(args, opt)}: must be >= 1")
+                raise PairedError(f"--{opt.replace('_', '-')} {getattr(args, opt)}: must be >= 1")
         if args.warmup < 0:
             raise PairedError(f"--warmup {args.warmup}: must be >= 0")
         if args.threads is not None and args.threads < 1:
             raise PairedError(f"--threads {args.threads}: must be >= 1")
+        history = history_of(args.history) if args.history else []  # read before measuring: --json may be it
         arms = [parse_arm(a) for a in args.arms]
         names = [n for n, _ in arms]
         if len(set(names)) != len(names):
@@ -325,10 +427,14 @@ def main(argv=None) -> int:
             torch.set_num_threads(args.threads)
         keep_freed_memory()  # as training does
         res = measure(args.model, arms, args.steps, args.rounds, args.warmup, args.device,
-                      log=lambda m: print(m, file=sys.stderr, flush=True))
+                      log=lambda m: print(m, file=sys.stderr, flush=True), path=args.path,
+                      probe_rounds=args.probe_rounds)
     except PairedError as exc:
         print(f"ablations.paired: error: {exc}", file=sys.stderr)
         return 2
+    res["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+    if history:
+        res["history"] = history
     res["command"] = "python -m ablations.paired " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                         else sys.argv[1:]))
     print("\n".join(summary_lines(res)))

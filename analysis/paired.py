@@ -63,10 +63,52 @@ def paired_blocks(res: dict | None, path: str | None) -> list:
                    f"{res.get('load_average_end')}. Ratio: per round, arm tokens/s ÷ `{ref}` tokens/s in the same "
                    "round; geometric mean over rounds with a 95% t interval on the log ratios. Command: "
                    f"`{res.get('command', 'python -m ablations.paired')}`."))
+    if res.get("path_rule"):
+        kernels = "; ".join(f"{k}: {v}" for k, v in (res.get("kernels") or {}).items())
+        cold = [a["warmup_sec"]["compile"] for a in res["arms"] if "compile" in (a.get("warmup_sec") or {})]
+        b.append(("p", f"Implementation: {res['path_rule']} (column *path*)"
+                       + (f"; eager uses {kernels}" if kernels else "")
+                       + (f". Compiling (the first {res.get('warmup_steps')} steps of each compiled candidate, "
+                          f"inductor's on-disk caches as this process found them): {min(cold):.0f}–{max(cold):.0f} s "
+                          "per arm" if cold else "") + "."))
     rows = [[f"`{a['name']}`", "`" + (" ".join(a.get("overrides", [])) or "(defaults)") + "`", f"{a['params']:,}",
-             f"{a['median_tokens_per_sec']:,.0f}",
-             f"{min(a['tokens_per_sec']):,.0f} – {max(a['tokens_per_sec']):,.0f}", _ratio(a, ref)]
+             _path(a), f"{a['median_tokens_per_sec']:,.0f}",
+             f"{min(a['tokens_per_sec']):,.0f} – {max(a['tokens_per_sec']):,.0f}", _flops(a, res["arms"], ref),
+             _ratio(a, ref)]
             for a in res["arms"]]
-    b.append(("table", ["arm", "overrides", "params", "tokens/s (median over rounds)", "range over rounds",
-                        f"ratio to `{ref}` [95% CI]"], rows))
-    return b
+    b.append(("table", ["arm", "overrides", "params", "path", "tokens/s (median over rounds)", "range over rounds",
+                        f"FLOPs/token ÷ `{ref}`'s", f"ratio to `{ref}` [95% CI]"], rows))
+    return b + history_blocks(res.get("history") or [], ref)
+
+
+def _flops(a: dict, arms: list[dict], reference: str) -> str:
+    """The arm's counted FLOPs per token over the reference's: the tokens/s ratio its arithmetic alone would give
+    is the inverse."""
+    ref = next(r for r in arms if r["name"] == reference)
+    if not a.get("flops_per_token") or not ref.get("flops_per_token"):
+        return "–"
+    return f"{a['flops_per_token'] / ref['flops_per_token']:.3f}"
+
+
+def _path(a: dict) -> str:
+    """The implementation an arm ran on, and the probe that chose it (ablations.paired --path fastest)."""
+    path = a.get("path") or ("compile" if a.get("compiled") else "eager")
+    probe = a.get("probe")
+    return path if not probe else f"{path} (compile/eager ×{probe['compile_over_eager']:.3f} in the probe)"
+
+
+def history_blocks(history: list[dict], ref: str) -> list:
+    """Earlier measurements of these arms, kept beside the new one (ablations.paired --history): each one's
+    machine, precision, implementation and ratios, newest first."""
+    if not history:
+        return []
+    names = list(dict.fromkeys(a["name"] for h in history for a in h["arms"]))
+    cols = [f"{h.get('date') or 'undated'}: {h.get('device_name')}, {h.get('precision')}, "
+            f"{'paths: ' + h['path_rule'] if h.get('path_rule') else 'as configured (eager unless compile=true)'}"
+            for h in history]
+    rows = [[f"`{n}`", *(next((_ratio(a, ref) for a in h["arms"] if a["name"] == n), "–") for h in history)]
+            for n in names]
+    return [("p", "Earlier measurements of these arms (kept, not replaced; newest first): the ratio to "
+                  f"`{ref}` [95% CI] in each. Their commands: " +
+                  "; ".join(f"`{h.get('command')}`" for h in history) + "."),
+            ("table", ["arm", *cols], rows)]

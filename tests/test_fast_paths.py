@@ -224,3 +224,70 @@ def test_mla_absorbs_only_where_it_is_exact():
     assert not plain.blocks[0].attn.absorbs(5, cache)  # prefill/training: expanded
     assert not plain.blocks[0].attn.absorbs(1, None)
     assert not qk.blocks[0].attn.absorbs(1, cache)  # the k norm sits after the up-projection
+
+
+# ---------------------------------------------------------------------------------------------------- rope
+def rope_tables(B, T, half, dtype, seed):
+    angles = (torch.arange(T, dtype=dtype)[None, None, :, None] + 3.0) * (1 + randn(B, 1, 1, half, seed=seed,
+                                                                                     dtype=dtype))
+    return angles.cos(), angles.sin()  # (B, 1, T, d/2), different per sample and pair
+
+
+def rotated_by_matrix(x, cos, sin):
+    """Each pair (x_i, x_{i+d/2}) times the 2x2 rotation [[cos, -sin], [sin, cos]], written out as matrices."""
+    half = x.size(-1) // 2
+    pair = torch.stack((x[..., :half], x[..., half:]), dim=-1).unsqueeze(-1)  # (..., d/2, 2, 1)
+    rot = torch.stack((torch.stack((cos, -sin), -1), torch.stack((sin, cos), -1)), -2)  # (..., d/2, 2, 2)
+    out = (rot @ pair).squeeze(-1)  # (..., d/2, 2)
+    return torch.cat((out[..., 0], out[..., 1]), dim=-1)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_rope_forward_and_backward_match_the_rotation_matrix_in_float64(fused):
+    from modules.positions.base import apply_rotary
+
+    B, nh, T, hs = 2, 3, 5, 8
+    qkv = randn(B, T, 3 * nh * hs, seed=1, dtype=torch.float64)
+    x = qkv[..., nh * hs:2 * nh * hs].view(B, T, nh, hs).transpose(1, 2)  # a strided view, as attention's k
+    cos, sin = rope_tables(B, T, hs // 2, torch.float64, seed=2)
+    dy = randn(B, nh, T, hs, seed=3, dtype=torch.float64)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = apply_rotary(xa, (cos, sin), fused=fused)
+    ref = rotated_by_matrix(xb, cos, sin)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    out.backward(dy)
+    ref.backward(dy)
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda t: apply_rotary(t, (cos, sin), fused=fused), (xa.detach().clone()
+                                                                                           .requires_grad_(),))
+
+
+def test_rope_fused_matches_the_formula_in_bf16():
+    # under bf16 autocast q and k are bf16: both paths rotate in fp32 and round once to bf16
+    from modules.positions.base import apply_rotary
+
+    x = (4 * randn(2, 4, 16, 32, seed=4)).bfloat16().requires_grad_()
+    cos, sin = rope_tables(2, 16, 16, torch.float32, seed=5)
+    dy = randn(2, 4, 16, 32, seed=6).bfloat16()
+    outs, grads = [], []
+    for fused in (True, False):
+        xi = x.detach().clone().requires_grad_()
+        out = apply_rotary(xi, (cos, sin), fused=fused)
+        out.backward(dy)
+        outs.append(out)
+        grads.append(xi.grad)
+    assert outs[0].dtype == grads[0].dtype == torch.bfloat16
+    torch.testing.assert_close(outs[0], outs[1], rtol=8e-3, atol=1e-2)
+    torch.testing.assert_close(grads[0], grads[1], rtol=8e-3, atol=1e-2)
+
+
+def test_rope_model_takes_the_fused_path_in_eager(monkeypatch):
+    from modules.positions import base as positions
+
+    calls = []
+    real = positions._Rotate.apply
+    monkeypatch.setattr(positions._Rotate, "apply", lambda *a: calls.append(1) or real(*a))
+    model = GPT(GPTConfig(**{**TINY, "position": "rope"}))
+    model(torch.randint(0, 64, (2, 8)))
+    assert len(calls) == 2 * TINY["n_layer"]  # q and k of every layer

@@ -43,6 +43,8 @@ def test_parse_arm():
     (["a="], "a paired comparison needs >= 2 arms"),
     (["a=", "b=norm"], "override 'norm' is not KEY=VALUE"),
     (["--rounds", "0", "a=", "b="], "--rounds 0: must be >= 1"),
+    (["--probe-rounds", "0", "a=", "b="], "--probe-rounds 0: must be >= 1"),
+    (["--history", "/nonexistent/paired.json", "a=", "b="], "--history /nonexistent/paired.json: cannot read it"),
     # what the paired step cannot honour per arm is refused, not silently dropped
     (["--model", "tiny", "a=", "m=optim=muon"], "arm 'm': optim.name=muon changes the training step"),
     (["--model", "tiny", "a=", "g=trainer.accumulate_grad_batches=2"],
@@ -194,6 +196,8 @@ def test_interleaved_rounds_and_json(measured):
     # compile=true: the same model through torch.compile, the same batches: the same losses as eager
     comp = res["arms"][3]
     assert comp["compiled"] and not any(a["compiled"] for a in res["arms"][:3])
+    assert comp["path"] == "compile" and {a["path"] for a in res["arms"][:3]} == {"eager"}  # labelled as it ran
+    assert comp["warmup_sec"]["compile"] > 0 and "compile" not in base["warmup_sec"]  # the compile's first steps
     assert comp["params"] == base["params"] and comp["loss_last"] == pytest.approx(base["loss_last"], rel=2e-3)
     assert res["command"].startswith("python -m ablations.paired --model tiny")
     assert "round 3/3" in r.stderr and "x" in r.stdout.splitlines()[2]
@@ -230,3 +234,77 @@ def test_bad_paired_file_is_one_line_exit_2(tmp_path, capsys):
     assert report.main(["synthetic", "--tracking-uri", f"sqlite:///{tmp_path}/none.db", "--paired", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--paired {bad}: not a measurement of python -m ablations.paired" in err[0]
+
+
+class _Timed:
+    """A stand-in trainer whose step takes `sec` seconds (a sleep) and records when it ran."""
+    def __init__(self, sec, log, name):
+        self.sec, self.log, self.name, self.tokens = sec, log, name, 100
+
+    def step(self):
+        import time
+
+        self.log.append(self.name)
+        time.sleep(self.sec)
+        return float(self.tokens)
+
+
+def test_fastest_path_keeps_the_faster_candidate_by_a_paired_probe():
+    from ablations.paired import choose_paths
+
+    ran = []
+    fast_compile = {"eager": _Timed(0.004, ran, "a-eager"), "compile": _Timed(0.001, ran, "a-compile")}
+    fast_eager = {"eager": _Timed(0.001, ran, "b-eager"), "compile": _Timed(0.004, ran, "b-compile")}
+    one = _Timed(0.001, ran, "c")
+    s = [{"device": "cpu"} for _ in range(3)]
+    out = choose_paths([("a", [], {}, s[0], fast_compile), ("b", [], {}, s[1], fast_eager), ("c", [], {}, s[2], one)],
+                       steps=1, rounds=4, log=lambda m: None)
+    assert [tr for *_, tr in out] == [fast_compile["compile"], fast_eager["eager"], one]
+    assert s[0]["probe"]["compile_over_eager"] > 2 and s[1]["probe"]["compile_over_eager"] < 0.5
+    assert "probe" not in s[2]  # a single candidate is not probed
+    # paired: the two candidates of an arm alternate places round by round
+    assert ran[:8] == ["a-eager", "a-compile", "a-compile", "a-eager"] * 2
+
+
+def test_report_labels_each_arms_path_and_keeps_the_history():
+    from analysis.paired import paired_blocks
+
+    def arm(name, ratio, path=None, probe=None):
+        a = {"name": name, "overrides": [], "params": 1, "median_tokens_per_sec": 1000.0, "tokens_per_sec": [990.0,
+             1010.0], "ratio": ratio, "ratio_ci_low": ratio - 0.01, "ratio_ci_high": ratio + 0.01,
+             "flops_per_token": 200 if name == "base" else 201}
+        return {**a, **({"path": path, "probe": probe, "warmup_sec": {"eager": 1.0, "compile": 41.0}} if path
+                         else {})}
+
+    old = {"date": None, "device_name": "Xeon", "precision": "bf16-mixed", "command": "old cmd",
+           "arms": [arm("base", 1.0), arm("rope", 0.822)]}
+    res = {"tool": "ablations.paired", "reference": "base", "warmup_steps": 3, "path_rule": "fastest rule",
+           "kernels": {"rope": "fused"}, "history": [old],
+           "arms": [arm("base", 1.0, "compile", {"compile_over_eager": 1.04}),
+                    arm("rope", 0.97, "eager", {"compile_over_eager": 0.98})]}
+    blocks = paired_blocks(res, "p.json")
+    text = " ".join(str(x) for blk in blocks for x in blk)
+    assert "fastest rule" in text and "rope: fused" in text and "41–41 s per arm" in text
+    table = [blk for blk in blocks if blk[0] == "table"]
+    assert table[0][1][3] == "path"
+    assert table[0][2][0][3] == "compile (compile/eager ×1.040 in the probe)" and table[0][2][1][3].startswith("eager")
+    assert [row[6] for row in table[0][2]] == ["1.000", "1.005"]  # FLOPs per token over the reference's
+    assert table[1][1] == ["arm", "undated: Xeon, bf16-mixed, as configured (eager unless compile=true)"]
+    assert table[1][2] == [["`base`", "reference"], ["`rope`", "×0.822 [0.812, 0.832]"]]
+    assert "`old cmd`" in text
+
+
+def test_history_keeps_the_earlier_figures_and_their_own_history(tmp_path):
+    from ablations.paired import history_of
+
+    older = {"date": "2026-11-01", "arms": [{"name": "base", "ratio": 1.0}]}
+    old = {"tool": "ablations.paired", "device_name": "Xeon", "precision": "bf16-mixed", "history": [older],
+           "arms": [{"name": "base", "ratio": 1.0, "tokens_per_sec": [1.0, 2.0], "ratio_per_round": [1.0, 1.0]},
+                    {"name": "rope", "ratio": 0.822, "ratio_ci_low": 0.797, "ratio_ci_high": 0.848}]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    h = history_of(str(path))
+    assert h[1] == older and len(h) == 2
+    assert (h[0]["device_name"], h[0]["precision"], h[0]["date"]) == ("Xeon", "bf16-mixed", None)
+    assert h[0]["arms"][1]["ratio"] == 0.822 and h[0]["arms"][1]["ratio_ci_low"] == 0.797
+    assert "tokens_per_sec" not in h[0]["arms"][0]  # the summary, not the rounds

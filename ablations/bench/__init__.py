@@ -3,7 +3,8 @@
 Prints one table of figures for the composed config (and writes JSON; `--mlflow` also logs it). One section per
 module of this package, in table order (each module's docstring says what it measures and how):
 
-- ceilings (ceilings.py): dense GEMM throughput at fp32 and bf16 and memory bandwidth (read, copy), measured here;
+- ceilings (ceilings.py): dense GEMM throughput at fp32 and bf16 and memory bandwidth (read, copy, STREAM's triad),
+  measured here;
 - train (train.py): training tokens/sec and MFU of a bare PyTorch loop (no Lightning, no logging) at 32-true,
   bf16-mixed and bf16-mixed + torch.compile, and the loss each reached after the same steps on the same batches;
 - harness (harness.py): the same model trained through `ablations.train.train` (Lightning + Hydra + MLflow), over
@@ -18,6 +19,8 @@ module of this package, in table order (each module's docstring says what it mea
   training, prefill and decode tokens/s each as a fraction of its own analytic bound;
 - norms (norms.py): RMSNorm against LayerNorm: paired training in 32-true and bf16-mixed, each norm's forward and
   backward per call inside training steps, and its kernels at the model's activation shape;
+- roofline (roofline.py): each position, norm and MLP variant's paired extra time per training step over the
+  composed model, beside the bytes its element-wise passes must move (modules.elementwise) over the triad bandwidth;
 - malloc (malloc.py): bare-loop training with freed memory kept between steps (ablations.malloc) against glibc's
   defaults, one child process per arm in alternating order, and the page faults per step of each.
 

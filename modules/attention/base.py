@@ -55,6 +55,16 @@ class Attention(nn.Module):
         return "n_embd", cfg.n_embd
 
     @classmethod
+    def rotated_numbers(cls, cfg) -> tuple[int, int]:
+        """(q, k) numbers per token that rope rotates: every query head and every kv head at rotary_dim."""
+        return cfg.n_head * cls.rotary_dim(cfg), cls.n_kv_head(cfg) * cls.rotary_dim(cfg)
+
+    @classmethod
+    def qk_norm_rows(cls, cfg) -> tuple[tuple[int, int], ...]:
+        """((rows per token, width), ...) that QK-norm normalises: each query head and each kv head."""
+        return (cfg.n_head, cfg.head_size), (cls.n_kv_head(cfg), cfg.head_size)
+
+    @classmethod
     def score_dims(cls, cfg) -> tuple[int, int]:
         """(d_qk, d_v): widths of the per-head score (q.k) and value products, for the attention FLOPs."""
         return cfg.head_size, cfg.head_size

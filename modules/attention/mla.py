@@ -83,6 +83,15 @@ class MultiHeadLatentAttention(Attention):
         return "attention.rope_dim", cls.rope_dim(cfg)
 
     @classmethod
+    def rotated_numbers(cls, cfg):
+        return cfg.n_head * cls.rope_dim(cfg), cls.rope_dim(cfg)  # the heads' rotary queries, one shared key
+
+    @classmethod
+    def qk_norm_rows(cls, cfg):
+        hs, dr = cfg.head_size, cls.rope_dim(cfg)  # content and rotary parts normalised separately (forward)
+        return ((cfg.n_head, hs), (cfg.n_head, hs)) + (((cfg.n_head, dr), (1, dr)) if dr else ())
+
+    @classmethod
     def score_dims(cls, cfg):
         return cfg.head_size + cls.rope_dim(cfg), cfg.head_size
 

@@ -60,11 +60,43 @@ class Position(nn.Module):
         return None
 
 
-def apply_rotary(x: torch.Tensor, rot) -> torch.Tensor:
-    """Rotate pairs (x[i], x[i + d/2]) of the last dim by the angles in rot = (cos, sin), each (B, 1, T, d/2)."""
+def apply_rotary(x: torch.Tensor, rot, fused: bool = True) -> torch.Tensor:
+    """Rotate pairs (x[i], x[i + d/2]) of the last dim by the angles in rot = (cos, sin), each (B, 1, T, d/2), in
+    (at least) fp32: angles of late positions need the mantissa. Output in x's dtype.
+
+    Eager, `_Rotate` does it in four kernels into one buffer each way, its backward the inverse rotation (autograd
+    through the formula below keeps both halves and runs about twice the kernels: 3-4x the time of the fused form
+    at small-cpu's shapes, `python -m ablations.bench --only roofline`). Under torch.compile, or fused=False (the
+    tests compare the two), the formula itself: inductor fuses it into one kernel."""
     if rot is None:
         return x
     cos, sin = rot
-    x1, x2 = x.float().chunk(2, dim=-1)  # rotate in fp32: angles of late positions need the mantissa
+    if fused and not torch.compiler.is_compiling():
+        return _Rotate.apply(x, cos, sin)
+    x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return out.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> torch.Tensor:
+    """(x1 cos - sign x2 sin, x2 cos + sign x1 sin) into one buffer; sign -1 rotates back (the backward)."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 under autocast: one conversion pass here, not a mixed-dtype read in each kernel below
+    x1, x2 = xf.chunk(2, dim=-1)
+    out = torch.empty(xf.shape, dtype=xf.dtype, device=xf.device)  # (..., d) contiguous, whatever x's strides
+    o1, o2 = out.chunk(2, dim=-1)
+    torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-sign)
+    torch.mul(x2, cos, out=o2).addcmul_(x1, sin, value=sign)
+    return out.to(x.dtype)
+
+
+class _Rotate(torch.autograd.Function):
+    # saves only the tables: the gradient of a rotation is the rotation back, whatever x was
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin, 1.0)
+
+    @staticmethod
+    def backward(ctx, dy):
+        cos, sin = ctx.saved_tensors
+        return _rotate(dy, cos, sin, -1.0), None, None

@@ -10,6 +10,11 @@
 # device.log, fsdp.json. Expected wall time on an H200: ~3 min (3 rounds x 7 items x ~1 s, torch.compile ~1-2 min in the
 # warm-up, decode ~30 s); capped at BENCH_TIMEOUT (420 s on CUDA).
 # Rehearsed on this CPU by scripts/gpu/rehearse.sh (DEVICE=cpu: the same code path at a tiny size, 2 steps each).
+#
+# `bash scripts/gpu/device.sh --paired` (carry [".gpu"], timeout_s 540) instead measures the known-results paired
+# throughput table on the GPU (docs/bench.md, "Each arm on its fastest path"): ablations.paired --path fastest, every
+# arm on the faster of eager and torch.compile by a paired probe, labelled; $OUT/paired.json and device.log. Not yet
+# run on a GPU (nor rehearsed: the rehearsal venv needs prepare.sh's scipy wheel).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu_bench_out}
@@ -28,6 +33,10 @@ rm -rf "$SITE"
 # what the image lacks, offline and without resolving anything: its torch, numpy, pyyaml, tiktoken stay as they are
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --upgrade \
   --target "$SITE" .gpu/wheels/*.whl
+if [[ ${1:-} == --paired ]] && ! "$PY" -c "import scipy" 2>/dev/null; then  # the image may lack it
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --upgrade \
+    --target "$SITE" .gpu/wheels-binary/*.whl
+fi
 export PYTHONPATH=$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHON=$PY
 export TIKTOKEN_CACHE_DIR=$PWD/.gpu/tiktoken-cache HF_HUB_OFFLINE=1
 "$PY" - "$DEVICE" <<'PY'
@@ -39,6 +48,19 @@ assert tiktoken.get_encoding("gpt2").n_vocab == 50257  # from the carried cache,
 if sys.argv[1].startswith("cuda") and not torch.cuda.is_available():
     sys.exit("device.sh: DEVICE=cuda but torch sees no GPU")
 PY
+if [[ ${1:-} == --paired ]]; then
+  # the known-results arms (scripts/known_results.sh) at the study's precision (auto: bf16-mixed on CUDA); each arm on
+  # the faster of eager and compiled (--threads 1: the experiment sets threads=1, honoured as the process's own). On
+  # the CPU rehearsal: the same swaps on model=tiny at batch 4, one step per round.
+  m="experiment=known-results"; P=(--device "${DEVICE%%:*}" --path fastest --probe-rounds 3 --warmup 3 --threads 1)
+  if [[ $DEVICE == cuda* ]]; then P+=(--steps 10 --rounds 12); LIMIT=${BENCH_TIMEOUT:-480}
+  else m="data.batch_size=4"; P+=(--model tiny --steps 1 --rounds 2); LIMIT=${BENCH_TIMEOUT:-1500}; fi
+  timeout "$LIMIT" "$PY" -m ablations.paired "${P[@]}" --json "$OUT/paired.json" "baseline=$m" "rope=$m position=rope" \
+    "rmsnorm=$m norm=rmsnorm" "swiglu=$m mlp=swiglu" "geglu=$m mlp=geglu" "gqa=$m attention=gqa attention.n_kv_head=2" \
+    "mqa=$m attention=mqa" "qknorm=$m norm.qk_norm=true"
+  echo "device.sh: paired table in $((SECONDS - START)) s; $OUT/paired.json, device.log"
+  exit 0
+fi
 if [[ $DEVICE == cuda* ]]; then
   ARGS=(--peak-tflops 989 --out "$OUT") BENCH=(--rounds 3 --window 1)
   LIMIT=${BENCH_TIMEOUT:-420}
