@@ -1,4 +1,5 @@
-"""Sections shared by several report kinds: the n-gram floor, the paired throughput and the Regenerate command.
+"""Sections shared by several report kinds: the n-gram floor, the paired throughput, the scaling fits and the
+Regenerate command.
 
 Each reads what the kind's load put into the context: `ctx.floor` (analysis/floor.py), `ctx.floor_arms` ((label,
 mean val bpb) per arm), `ctx.paired` / `ctx.paired_path` (--paired FILE) and `ctx.option_args`.
@@ -7,9 +8,14 @@ from __future__ import annotations
 
 import shlex
 
+import numpy as np
+
+from analysis.document import fit_param, fixed, identifiability_blocks, multiplier_text, sci
 from analysis.engine import section
 from analysis.floor import FLOOR_COMMAND, floor_blocks
 from analysis.paired import paired_blocks
+from analysis.plots import scaling_figure, variant_styles
+from analysis.scaling import METRIC, MIN_LEVELS, Scaling
 from analysis.store import display_uri
 
 
@@ -22,6 +28,41 @@ def floor_section(ctx) -> list:
 @section("paired")
 def paired_section(ctx) -> list:
     return paired_blocks(ctx.paired, ctx.paired_path)
+
+
+SCALING_FIGURE = "loss_vs_compute"
+
+
+def scaling_blocks(ctx, sc: Scaling, arms: list) -> list:
+    """The fits of a report's scaling fact (analysis.scaling.scaling_of), or the line saying why there are none;
+    writes scaling.csv and the figure (arms: the kind's order, which fixes the colours)."""
+    if not sc.ok:
+        return [("p", "Scaling fits: " + sc.summary + ".")]
+    figure = ctx.figure(scaling_figure(sc.points, sc.fits, variant_styles(arms), METRIC), SCALING_FIGURE)
+    ctx.write("scaling.csv", sc.table.to_csv(index=False, lineterminator="\n"))
+    b: list = [("p", "Fits of L(C) = E + A·C^−alpha per arm by least squares over every seed "
+                     "(analysis/scaling.py). Compute multiplier: the compute the baseline's fitted law needs to "
+                     "reach the arm's mean loss at the arm's largest compute, divided by that compute (> 1: the arm "
+                     "needs less compute); 95% percentile bootstrap CI over seeds (200 resamples, the baseline "
+                     "refitted each time). ∞: the baseline's law never reaches that loss."),
+               ("img", "final val loss against compute with fitted laws (log-log)", figure)]
+    rows = []
+    for _, r in sc.table.iterrows():
+        spare = int(r["n_levels"]) - MIN_LEVELS
+        law = "n/a" if not np.isfinite(r["E"]) else ("interpolates (not tested)" if spare <= 0 else
+                                                     f"{spare} level(s) to spare")
+        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), fit_param(r, "E"), fit_param(r, "A"),
+                     fit_param(r, "alpha"), law, sci(r["compute_top"]), fixed(r["loss_top"]), multiplier_text(r)])
+    b.append(("table", ["arm", "runs", "compute levels", "E", "A", "alpha", "law", "largest compute (FLOPs)",
+                        "mean loss there", "compute multiplier [95% CI]"], rows))
+    exact = [r.arm for r in sc.table.itertuples() if np.isfinite(r.E) and r.n_levels <= MIN_LEVELS]
+    if exact:  # as many levels as parameters: the law passes through every mean, whatever the true curve
+        b.append(("p", f"**The law interpolates, it is not tested**: {', '.join(f'`{a}`' for a in exact)} "
+                       f"{'has' if len(exact) == 1 else 'have'} as many compute levels as L(C) has parameters (3: "
+                       "E, A, alpha), so the fit can pass through the mean loss at every level whatever the true "
+                       "curve; E, alpha and any extrapolation beyond the ladder are not supported by these runs. "
+                       "A fourth size would be the first test of the law."))
+    return b + identifiability_blocks(sc.table)
 
 
 def command(ctx, program: str = "analysis.report") -> str:

@@ -35,20 +35,17 @@ import numpy as np
 import pandas as pd
 
 from analysis import common, forest, scaling  # noqa: F401  (common, forest: their sections register)
-from analysis.document import (ci_text, fit_param, fixed, identifiability_blocks, machine_counts, machine_of,
-                               margin_text, mean_std, multiplier_text, p_text, run_counts, sci, signed)
+from analysis.document import (ci_text, fixed, machine_counts, machine_of, margin_text, mean_std, p_text, run_counts,
+                               sci, signed)
 from analysis.engine import Context, Kind, section
 from analysis.floor import floor_for_runs, headline
 from analysis.paired import UNPAIRED
-from analysis.plots import scaling_figure, variant_styles
 from analysis.seed_plan import check_protocol, plan_blocks
 from analysis.stats import paired_t
 from analysis.store import AnalysisError, RunSet, display_uri
 from analysis.verdict import VERDICT_METRIC, WIDE_MARGIN, Margin, compare_pairs, resolve_margin
 
 STAGE_LR, STAGE_SEEDS = "lr", "seeds"
-SCALING_METRIC = "final_val_loss"
-SCALING_FIGURE = "loss_vs_compute"
 FILES = ("index.md", "index.html", forest.CSV, "verdicts.csv", "lr_search.csv", "scaling.csv", "scaling_points.csv", "runs.csv",
          "left_out.csv")
 RUN_COLUMNS = ("verdict.protocol", "verdict.size", "verdict.family", "verdict.arm", "verdict.stage", "seed",
@@ -301,38 +298,17 @@ def lr_search(p: ProtocolRuns) -> tuple[pd.DataFrame, list]:
     return pd.DataFrame(rows), grid
 
 
-@dataclass
-class ScalingResult:
-    ok: bool
-    summary: str
-    points: pd.DataFrame = field(default_factory=pd.DataFrame)
-    means: pd.DataFrame = field(default_factory=pd.DataFrame)  # per (arm, size): mean compute and loss
-    table: pd.DataFrame = field(default_factory=pd.DataFrame)
-    fits: dict = field(default_factory=dict)
+SCALING_TOO_FEW = ("the baseline arm `{arm}` has seeds at {levels} distinct compute value(s); "
+                   "L(C) = E + A C^-alpha needs >= {needed}")
 
 
-def scaling_of(ctx: Context) -> ScalingResult:
-    """Points (seeds stage, compute spent: analysis.scaling.run_compute), means per (arm, size), and the fits when
-    the baseline has seeds at >= 3 compute values."""
-    p = ctx.protocol
-    s = p.seeds
+def scaling_fact(ctx: Context) -> scaling.Scaling:
+    """The seeds stage's scaling (analysis.scaling.scaling_of: compute spent, fits when the baseline has seeds at
+    >= 3 compute values); its points keep each run's size."""
+    s = ctx.protocol.seeds
     points = pd.DataFrame({"arm": s["verdict.arm"], "size": s["verdict.size"], "seed": s["seed"],
-                           "compute": scaling.run_compute(s), SCALING_METRIC: s[SCALING_METRIC].astype(float)})
-    missing = int((~np.isfinite(points["compute"])).sum())
-    points = points[np.isfinite(points["compute"])].reset_index(drop=True)
-    means = points.groupby(["arm", "size"]).agg(n=(SCALING_METRIC, "size"), compute=("compute", "mean"),
-                                                 loss=(SCALING_METRIC, "mean"),
-                                                 loss_std=(SCALING_METRIC, "std")).reset_index()
-    levels = points.loc[points["arm"] == p.baseline, "compute"].nunique()
-    if levels < scaling.MIN_LEVELS:
-        why = (f"skipped: the baseline arm `{p.baseline}` has seeds at {levels} distinct compute value(s); "
-               f"L(C) = E + A C^-alpha needs >= {scaling.MIN_LEVELS}")
-        if missing:
-            why += f"; {missing} run(s) lack flops_seen (and flops_per_token x tokens_seen)"
-        return ScalingResult(False, why, points, means)
-    table, fits = scaling.scaling_table(points, p.baseline, SCALING_METRIC)
-    summary = f"fitted {len(fits)} of {len(table)} arm(s) over {points['compute'].nunique()} compute values"
-    return ScalingResult(True, summary, points, means, table, fits)
+                           "compute": scaling.run_compute(s), scaling.METRIC: s[scaling.METRIC].astype(float)})
+    return scaling.scaling_of(points, ctx.protocol.baseline, SCALING_TOO_FEW)
 
 
 # ---------------------------------------------------------------------------------------------------- the report
@@ -367,7 +343,7 @@ def protocol_summary(ctx: Context) -> list[str]:
         lines.append(sequential_design(p.seeds))
     if ctx.floor is not None:
         lines.append("n-gram floor (bpb by order): " + ", ".join(f"{n}: {v:.4f}" for n, v in ctx.floor.bpb.items()))
-    return lines + [f"scaling: {ctx.once(scaling_of).summary}"]
+    return lines + [f"scaling: {ctx.once(scaling_fact).summary}"]
 
 
 def _params_text(r) -> str:
@@ -628,52 +604,23 @@ def lr_section(ctx: Context) -> list:
 
 @section("protocol.scaling")
 def scaling_section(ctx: Context) -> list:
-    p, sc = ctx.protocol, ctx.once(scaling_of)
+    p, sc = ctx.protocol, ctx.once(scaling_fact)
     if len(sc.points):
         ctx.write("scaling_points.csv", sc.points.to_csv(index=False, lineterminator="\n"))
     b: list = [("h2", "Scaling with compute")]
-    if len(sc.means):
-        rows = []
-        for arm in p.arms:
-            for size in p.sizes:
-                m = sc.means[(sc.means["arm"] == arm) & (sc.means["size"] == size)]
-                if len(m):
-                    r = m.iloc[0]
-                    loss = mean_std(r["loss"], r["loss_std"])
-                    rows.append([f"`{arm}`", f"`{size}`", str(int(r["n"])), sci(r["compute"]), loss])
+    means = sc.points.groupby(["arm", "size"]).agg(n=(scaling.METRIC, "size"), compute=("compute", "mean"),
+                                                   loss=(scaling.METRIC, "mean"), loss_std=(scaling.METRIC, "std"))
+    rows = [[f"`{arm}`", f"`{size}`", str(int(r["n"])), sci(r["compute"]), mean_std(r["loss"], r["loss_std"])]
+            for arm in p.arms for size in p.sizes if (arm, size) in means.index for r in [means.loc[(arm, size)]]]
+    if rows:
         b.append(("p", "Mean final val loss (nats/token) of the seeds against the compute each run spent (its "
                        "`flops_seen` at the last step: flops_per_token × tokens trained on, the budget actually "
                        "spent, never more than the size's budget):"))
         b.append(("table", ["arm", "size", "seeds", "compute (FLOPs)", "final val loss"], rows))
-    if not sc.ok:
-        b.append(("p", "Scaling fits: " + sc.summary + "."))
-        return b
-    figure = ctx.figure(scaling_figure(sc.points, sc.fits, variant_styles(p.arms), SCALING_METRIC), SCALING_FIGURE)
-    ctx.write("scaling.csv", sc.table.to_csv(index=False, lineterminator="\n"))
-    b.append(("p", "Fits of L(C) = E + A·C^−alpha per arm by least squares over every seed "
-                   "(analysis/scaling.py). Compute multiplier: the compute the baseline's fitted law needs to "
-                   "reach the arm's mean loss at the arm's largest compute, divided by that compute (> 1: the arm "
-                   "needs less compute); 95% percentile bootstrap CI over seeds (200 resamples, the baseline "
-                   "refitted each time). ∞: the baseline's law never reaches that loss."))
-    b.append(("img", "final val loss against compute with fitted laws (log-log)", figure))
-    rows = []
-    for _, r in sc.table.iterrows():
-        test = "n/a" if not np.isfinite(r["E"]) else (
-            "interpolates (not tested)" if r["n_levels"] <= 3 else f"{int(r['n_levels']) - 3} level(s) to spare")
-        rows.append([f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), fit_param(r, "E"),
-                     fit_param(r, "A"),
-                     fit_param(r, "alpha"), test, sci(r["compute_top"]), fixed(r["loss_top"]), multiplier_text(r)])
-    b.append(("table", ["arm", "runs", "compute levels", "E", "A", "alpha", "law", "largest compute (FLOPs)",
-                        "mean loss there", "compute multiplier [95% CI]"], rows))
-    exact = [r.arm for r in sc.table.itertuples() if np.isfinite(r.E) and r.n_levels <= 3]
-    if exact:
-        b.append(("p", f"**The law interpolates, it is not tested**: {', '.join(f'`{a}`' for a in exact)} "
-                       f"{'has' if len(exact) == 1 else 'have'} as many compute levels as L(C) has parameters (3: "
-                       "E, A, alpha), so the fit can pass through the mean loss at every level whatever the true "
-                       "curve; E, alpha and any extrapolation beyond the ladder are not supported by these runs. "
-                       "A fourth size would be the first test of the law."))
-    b.extend(identifiability_blocks(sc.table))
-    b.append(("p", "Machine-readable: `scaling.csv` (fits, multipliers), `scaling_points.csv` (one row per run)."))
+    b.extend(common.scaling_blocks(ctx, sc, p.arms))
+    if sc.ok:
+        b.append(("p", "Machine-readable: `scaling.csv` (fits, multipliers), `scaling_points.csv` (one row per "
+                       "run)."))
     return b
 
 
@@ -705,4 +652,4 @@ PROTOCOL = Kind("protocol", load_protocol, lambda ctx: f"Verdict protocol report
                  "protocol.throughput", "paired", "protocol.provenance", "regenerate"),
                 summary=protocol_summary,
                 exit_code=lambda ctx: 0 if len(ctx.protocol.seeds) or len(ctx.protocol.lr) else 1,
-                files=FILES, figures=(SCALING_FIGURE, forest.FIGURE))
+                files=FILES, figures=(common.SCALING_FIGURE, forest.FIGURE))

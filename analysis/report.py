@@ -31,20 +31,19 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from analysis import common, context, known_results, ladder_report, protocol, scaling  # noqa: F401  (sections register)
-from analysis.document import (fit_param, identifiability_blocks, machine_counts, margin_text, multiplier_text,
-                               p_text, render_markdown, run_counts, sci, signed_value, value)
+from analysis.document import (machine_counts, margin_text, p_text, render_markdown, run_counts, signed_value,
+                               value)
 from analysis.engine import Context, Kind, build, section
 from analysis.floor import floor_for_runs, headline
 from analysis.paired import UNPAIRED, load_paired
 from analysis.seed_plan import load_plan
-from analysis.plots import loss_curves_figure, quality_figure, scaling_figure, variant_styles
+from analysis.plots import loss_curves_figure, quality_figure, variant_styles
 from analysis.stats import COMPARE_METRICS, FRONTIERS, SUMMARY_METRICS, variant_table
 from analysis.verdict import VERDICT_METRIC, add_verdicts, resolve_margin
 from analysis.store import (AnalysisError, RunSet, default_baseline, display_uri, load_runs, order_variants,
@@ -57,8 +56,6 @@ QUALITY_FIGURES = {  # figure -> frontier name in stats.FRONTIERS
     "quality_vs_decode_throughput": "decode_throughput",
 }
 TOP_FILES = ("index.md", "index.html", "summary.md", "summary.csv", "runs.csv", "left_out.csv", "scaling.csv")
-SCALING_FIGURE = "loss_vs_compute"
-SCALING_METRIC = "final_val_loss"
 RUN_COLUMNS = ("variant", "label", "seed", "run_name", "run_id", "experiment", "git_commit", "git_dirty", "data_fingerprint",
                "tokenizer", "precision", "device", "final_val_loss", "final_val_bpb", "final_tokens_per_sec",
                "final_mfu", "params", "params_non_embedding", "flops_per_token", "kv_cache_bytes_per_token",
@@ -368,71 +365,35 @@ def quality_section(ctx: Context) -> list:
     return b
 
 
-@dataclass
-class Scaling:
-    """The scaling section's data: per-run points (arm, seed, compute, loss), fits, the per-arm table."""
-
-    ok: bool
-    summary: str  # one line: what was fitted, or why the section is skipped
-    points: pd.DataFrame = field(default_factory=pd.DataFrame)
-    fits: dict = field(default_factory=dict)
-    table: pd.DataFrame = field(default_factory=pd.DataFrame)
-    arms: list = field(default_factory=list)
+SCALING_TOO_FEW = ("the baseline arm `{arm}` has runs at {levels} distinct training-compute value(s); a fit of "
+                   "L(C) = E + A C^-alpha needs >= {needed} (a ladder of model sizes or steps)")
 
 
-def scaling_analysis(ctx: Context) -> Scaling:
-    """Fit L(C) per arm when the baseline's arm has runs at >= 3 training-compute values; else say why not."""
+def scaling_fact(ctx: Context) -> scaling.Scaling:
+    """The runs' scaling (analysis.scaling.scaling_of), an arm being a variant without its ladder overrides (or the
+    verdict protocol's arm tag)."""
     inc = ctx.included
-    compute = scaling.run_compute(inc)
     arms = inc["variant"].map(scaling.arm_of)
     if "verdict.arm" in inc:  # runs of the verdict protocol name their arm
         arms = inc["verdict.arm"].where(inc["verdict.arm"].notna(), arms)
     points = pd.DataFrame({"arm": arms.to_numpy(), "variant": inc["variant"].to_numpy(),
-                           "seed": inc["seed"].to_numpy(), "compute": compute.to_numpy(),
-                           SCALING_METRIC: inc[SCALING_METRIC].astype(float).to_numpy()})
-    missing = int(points["compute"].isna().sum())
-    points = points[np.isfinite(points["compute"].astype(float))]
-    base_arm = points.loc[points["variant"] == ctx.baseline, "arm"].iloc[0] if \
-        (points["variant"] == ctx.baseline).any() else scaling.arm_of(ctx.baseline)
-    levels = points.loc[points["arm"] == base_arm, "compute"].nunique()
-    if levels < scaling.MIN_LEVELS:
-        why = (f"skipped: the baseline arm `{base_arm}` has runs at {levels} distinct training-compute value(s); a "
-               f"fit of L(C) = E + A C^-alpha needs >= {scaling.MIN_LEVELS} (a ladder of model sizes or steps)")
-        if missing:
-            why += f"; {missing} run(s) lack flops_per_token or a tokens_seen history"
-        return Scaling(False, why)
-    table, fits = scaling.scaling_table(points, base_arm, SCALING_METRIC)
-    arms = list(table["arm"])
-    summary = (f"fitted {len(fits)} of {len(arms)} arm(s) over {points['compute'].nunique()} compute values; "
-               f"baseline arm `{base_arm}`")
-    return Scaling(True, summary, points.reset_index(drop=True), fits, table, arms)
+                           "seed": inc["seed"].to_numpy(), "compute": scaling.run_compute(inc).to_numpy(),
+                           scaling.METRIC: inc[scaling.METRIC].astype(float).to_numpy()})
+    base = points.loc[points["variant"] == ctx.baseline, "arm"]
+    return scaling.scaling_of(points, base.iloc[0] if len(base) else scaling.arm_of(ctx.baseline), SCALING_TOO_FEW)
 
 
 @section("ablation.scaling")
 def scaling_section(ctx: Context) -> list:
     if not len(ctx.included):
         return []
-    sc = ctx.once(scaling_analysis)
+    sc = ctx.once(scaling_fact)
     b: list = [("h2", "Scaling with compute")]
-    if not sc.ok:
-        return b + [("p", "Scaling fits: " + sc.summary + ".")]
-    figure = ctx.figure(scaling_figure(sc.points, sc.fits, variant_styles(sc.arms), SCALING_METRIC), SCALING_FIGURE)
-    ctx.write("scaling.csv", sc.table.to_csv(index=False, lineterminator="\n"))
-    b.append(("p", "Final val loss (nats/token) against training compute C = flops_per_token × tokens seen, per "
-                   "arm (a variant without its model-size / step overrides), fitted as L(C) = E + A·C^−alpha by "
-                   "least squares (analysis/scaling.py). Compute multiplier: the compute the baseline's fitted law "
-                   "needs to reach the arm's mean loss at the arm's largest compute, divided by that compute "
-                   "(> 1: the arm needs less compute); 95% percentile bootstrap CI over seeds (200 resamples, the "
-                   "baseline refitted each time). ∞: the baseline's law never reaches that loss."))
-    b.append(("img", "final val loss against training compute with fitted laws", figure))
-    rows = [[f"`{r['arm']}`", str(r["n_runs"]), str(r["n_levels"]), fit_param(r, "E"), fit_param(r, "A"),
-             fit_param(r, "alpha"), sci(r["compute_top"]), value(r["loss_top"], "loss"), multiplier_text(r)]
-            for _, r in sc.table.iterrows()]
-    b.append(("table", ["arm", "runs", "compute values", "E", "A", "alpha", "largest compute (FLOPs)",
-                        "mean loss there", "compute multiplier [95% CI]"], rows))
-    b.extend(identifiability_blocks(sc.table))
-    b.append(("p", "Machine-readable: `scaling.csv`."))
-    return b
+    if sc.ok:
+        b.append(("p", "Final val loss (nats/token) against training compute C = flops_per_token × tokens seen, per "
+                       "arm (a variant without its model-size / step overrides)."))
+    b.extend(common.scaling_blocks(ctx, sc, list(sc.table["arm"]) if sc.ok else []))
+    return b + ([("p", "Machine-readable: `scaling.csv`.")] if sc.ok else [])
 
 
 @section("ablation.paired")
@@ -482,7 +443,7 @@ def ablation_summary(ctx: Context) -> list[str]:
         lines.append(f"verdicts on {VERDICT_METRIC}: equivalence margin {margin_text(ctx.margin.value)} bits/byte "
                      f"({ctx.margin.source})")
     if len(rs.included):
-        lines.append(f"scaling: {ctx.once(scaling_analysis).summary}")
+        lines.append(f"scaling: {ctx.once(scaling_fact).summary}")
     if ctx.floor is not None:
         lines.append("n-gram floor (bpb by order): " + ", ".join(f"{n}: {v:.4f}" for n, v in ctx.floor.bpb.items()))
     return lines
@@ -493,7 +454,7 @@ ABLATION = Kind("ablation", load_ablation, lambda ctx: f"Ablation report: {ctx.r
                  "context_length", "ablation.loss_curves", "ablation.provenance", "regenerate"),
                 summary=ablation_summary, exit_code=lambda ctx: 0 if len(ctx.included) else 1,
                 files=TOP_FILES + (context.CSV,),
-                figures=tuple(LOSS_FIGURES) + tuple(QUALITY_FIGURES) + (SCALING_FIGURE,) + context.FIGURES)
+                figures=tuple(LOSS_FIGURES) + tuple(QUALITY_FIGURES) + (common.SCALING_FIGURE,) + context.FIGURES)
 
 
 # ---------------------------------------------------------------- the command

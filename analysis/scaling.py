@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -232,3 +232,35 @@ def scaling_table(points: pd.DataFrame, baseline_arm: str, metric: str = "final_
 
 
 FITTED = ("E", "A", "alpha", "rss", "multiplier", "multiplier_ci_low", "multiplier_ci_high")  # rounded in the table
+
+
+METRIC = "final_val_loss"  # what every report's scaling fit reads
+
+
+@dataclass
+class Scaling:
+    """A report's scaling fact: one row per run (arm, seed, compute, final_val_loss), the fits, the per-arm table;
+    `ok` False (no table, no fits) when the baseline arm has too few compute levels, `summary` saying why."""
+
+    ok: bool
+    summary: str  # one line: what was fitted, or why not
+    points: pd.DataFrame
+    table: pd.DataFrame = field(default_factory=pd.DataFrame)
+    fits: dict = field(default_factory=dict)
+
+
+def scaling_of(points: pd.DataFrame, baseline_arm: str, too_few: str) -> Scaling:
+    """Fit every arm of `points` (columns arm, seed, compute, final_val_loss; compute NaN where a run recorded
+    none) when the baseline arm has >= MIN_LEVELS compute values. `too_few`: the kind's sentence for the skip, with
+    {arm}, {levels} and {needed} (the pages are committed and regenerate byte for byte)."""
+    missing = int((~np.isfinite(points["compute"].astype(float))).sum())
+    points = points[np.isfinite(points["compute"].astype(float))].reset_index(drop=True)
+    levels = points.loc[points["arm"] == baseline_arm, "compute"].nunique()
+    if levels < MIN_LEVELS:
+        why = "skipped: " + too_few.format(arm=baseline_arm, levels=levels, needed=MIN_LEVELS)
+        if missing:
+            why += f"; {missing} run(s) record neither flops_seen nor flops_per_token and tokens_seen"
+        return Scaling(False, why, points)
+    table, fits = scaling_table(points, baseline_arm, METRIC)
+    return Scaling(True, f"fitted {len(fits)} of {len(table)} arm(s) over {points['compute'].nunique()} compute "
+                         "values", points, table, fits)

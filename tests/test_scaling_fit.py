@@ -180,9 +180,11 @@ def test_report_scaling_section(ladder_store, tmp_path, capsys):
     assert table.loc["baseline", "alpha"] == pytest.approx(0.25, abs=0.02)
     md = (out / "index.md").read_text()
     assert "## Scaling with compute" in md and "](figures/loss_vs_compute.png)" in md
+    # the one scaling section of every kind: four compute levels test a three-parameter law by one level
+    assert "| `baseline` | 8 | 4 |" in md and "| 1 level(s) to spare |" in md
     assert (out / "figures" / "loss_vs_compute.png").stat().st_size > 10_000
     # same runs in, same bytes out (seeded bootstraps)
-    again = report_mod.scaling_analysis(report_mod.prepare("ladder", tracking_uri=ladder_store, baseline="model=s3"))
+    again = report_mod.scaling_fact(report_mod.prepare("ladder", tracking_uri=ladder_store, baseline="model=s3"))
     assert again.table.to_csv(index=False, lineterminator="\n") == (out / "scaling.csv").read_text()
 
 
