@@ -100,6 +100,15 @@ def machine_counts(runs, group: str) -> list[str]:
     return out
 
 
+def params_vs(params: float, base: float) -> str:
+    """Whether an arm's parameter count differs from the baseline's: same / **differs** with both counts / n/a."""
+    if not (_finite(params) and _finite(base)):
+        return "n/a"
+    if params == base:
+        return "same"
+    return f"**differs**: {params:,.0f} vs {base:,.0f} ({100 * (params / base - 1):+.1f}%)"
+
+
 def p_text(p: float) -> str:
     """A p-value: three decimals, "< 0.001" below that, n/a when undefined."""
     return "n/a" if p is None or not np.isfinite(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")

@@ -95,6 +95,12 @@ def _one(runs: pd.DataFrame, col: str):
     return (int(vals[0]) if float(vals[0]).is_integer() else vals[0]) if len(vals) == 1 else None
 
 
+def floor_line(floor: Floor | None) -> list[str]:
+    """The floor in one line of a report command's summary (none without a floor)."""
+    return [] if floor is None else ["n-gram floor (bpb by order): " + ", ".join(f"{n}: {v:.4f}"
+                                                                             for n, v in floor.bpb.items())]
+
+
 def headline(floor: Floor | None, best_bpb: float, best_label: str) -> list:
     """Report blocks for the top: a bold warning when the best model does not beat the trigram floor."""
     if floor is None or TRIGRAM not in floor.bpb or not np.isfinite(best_bpb):

@@ -35,10 +35,10 @@ import numpy as np
 import pandas as pd
 
 from analysis import common, forest, scaling  # noqa: F401  (common, forest: their sections register)
-from analysis.document import (ci_text, fixed, machine_counts, machine_of, margin_text, mean_std, p_text, run_counts,
-                               sci, signed)
+from analysis.document import (ci_text, fixed, machine_counts, machine_of, margin_text, mean_std, p_text, params_vs,
+                               run_counts, sci, signed)
 from analysis.engine import Context, Kind, section
-from analysis.floor import floor_for_runs, headline
+from analysis.floor import floor_for_runs, floor_line, headline
 from analysis.paired import UNPAIRED
 from analysis.seed_plan import check_protocol, plan_blocks
 from analysis.stats import paired_t
@@ -341,9 +341,7 @@ def protocol_summary(ctx: Context) -> list[str]:
              f"({ctx.margin.source}); Holm family: {p.holm} ({p.holm_source})"]
     if sequential_design(p.seeds):
         lines.append(sequential_design(p.seeds))
-    if ctx.floor is not None:
-        lines.append("n-gram floor (bpb by order): " + ", ".join(f"{n}: {v:.4f}" for n, v in ctx.floor.bpb.items()))
-    return lines + [f"scaling: {ctx.once(scaling_fact).summary}"]
+    return lines + floor_line(ctx.floor) + [f"scaling: {ctx.once(scaling_fact).summary}"]
 
 
 def _params_text(r) -> str:
@@ -351,10 +349,8 @@ def _params_text(r) -> str:
         return "n/a"
     if r["verdict"] == "baseline" or not np.isfinite(r["params_baseline"]):
         return f"{r['params']:,.0f}"
-    if not r["params_differ"]:
-        return f"same ({r['params']:,.0f})"
-    rel = r["params"] / r["params_baseline"] - 1
-    return f"**differs**: {r['params']:,.0f} vs {r['params_baseline']:,.0f} ({100 * rel:+.1f}%)"
+    same = params_vs(r["params"], r["params_baseline"])
+    return f"same ({r['params']:,.0f})" if same == "same" else same
 
 
 @section("protocol.head")

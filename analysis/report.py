@@ -37,10 +37,10 @@ import numpy as np
 import pandas as pd
 
 from analysis import common, context, known_results, ladder_report, protocol, scaling  # noqa: F401  (sections register)
-from analysis.document import (machine_counts, margin_text, p_text, render_markdown, run_counts, signed_value,
-                               value)
+from analysis.document import (machine_counts, margin_text, p_text, params_vs, render_markdown, run_counts,
+                               signed_value, value)
 from analysis.engine import Context, Kind, build, section
-from analysis.floor import floor_for_runs, headline
+from analysis.floor import floor_for_runs, floor_line, headline
 from analysis.paired import UNPAIRED, load_paired
 from analysis.seed_plan import load_plan
 from analysis.plots import loss_curves_figure, quality_figure, variant_styles
@@ -128,17 +128,8 @@ def verdict_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         rows.append([f"`{r.get('label', r['variant'])}`", signed_value(r[f"delta_{m}"], "loss"),
                      ci(r[f"delta_{m}_ci_low"], r[f"delta_{m}_ci_high"]), p_text(r[f"p_{m}"]), p_text(r[f"p_holm_{m}"]),
                      ci(r[f"tost_ci_low_{m}"], r[f"tost_ci_high_{m}"]), p_text(r[f"p_tost_{m}"]),
-                     p_text(r[f"p_tost_holm_{m}"]), r["verdict"], _params_vs(r["params_mean"], base_params)])
+                     p_text(r[f"p_tost_holm_{m}"]), r["verdict"], params_vs(r["params_mean"], base_params)])
     return headers, rows
-
-
-def _params_vs(params: float, base: float) -> str:
-    """Whether a variant's parameter count differs from the baseline's, with both counts."""
-    if not (np.isfinite(params) and np.isfinite(base)):
-        return "n/a"
-    if params == base:
-        return "same"
-    return f"**differs**: {params:,.0f} vs {base:,.0f} ({100 * (params / base - 1):+.1f}%)"
 
 
 def comparison_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -444,9 +435,7 @@ def ablation_summary(ctx: Context) -> list[str]:
                      f"({ctx.margin.source})")
     if len(rs.included):
         lines.append(f"scaling: {ctx.once(scaling_fact).summary}")
-    if ctx.floor is not None:
-        lines.append("n-gram floor (bpb by order): " + ", ".join(f"{n}: {v:.4f}" for n, v in ctx.floor.bpb.items()))
-    return lines
+    return lines + floor_line(ctx.floor)
 
 
 ABLATION = Kind("ablation", load_ablation, lambda ctx: f"Ablation report: {ctx.runset.description}",
