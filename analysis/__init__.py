@@ -1,8 +1,8 @@
 """Analysis of ablation runs: reads MLflow only (never the training code), so it works on a copied store too.
 
-Main entry points: `python -m analysis.report <experiment-or-filter>`; in Python, `analysis.prepare()` (the loaded
-report context: runs, per-variant table, colours, histories), the figure functions `quality_figure` /
-`loss_curves_figure`, and `pareto_front` / `welch`. Every report is a kind (a list of sections) built over one
+Main entry points: `python -m analysis.report KIND ...` (analysis/report.py); in Python (analysis/notebook.py),
+`analysis.prepare()` (the loaded context of an ablation report: runs, per-variant table, colours, histories), the
+figure functions `quality_figure` / `loss_curves_figure`, and `pareto_front` / `welch`. Every report is a kind (a list of sections) built over one
 `Context` (analysis/engine.py). Names are imported lazily (so `python -m analysis.report` runs cleanly).
 """
 from importlib import import_module
@@ -10,7 +10,8 @@ from importlib import import_module
 _NAMES = {
     "analysis.engine": ("Context", "Kind", "section"),
     "analysis.plots": ("loss_curves_figure", "quality_figure", "save_figure", "variant_styles"),
-    "analysis.report": ("build_report", "left_out_markdown", "prepare", "summary_markdown"),
+    "analysis.notebook": ("left_out_markdown", "prepare", "summary_markdown"),
+    "analysis.report": ("build_report",),
     "analysis.stats": ("pareto_front", "variant_table", "welch"),
     "analysis.store": ("AnalysisError", "RunSet", "curves", "load_runs", "metric_histories", "resolve_tracking_uri",
                        "split_runs", "variant_labels"),

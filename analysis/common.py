@@ -1,8 +1,9 @@
 """Sections shared by several report kinds: the n-gram floor, the paired throughput, the scaling fits and the
 Regenerate command.
 
-Each reads what the kind's load put into the context: `ctx.floor` (analysis/floor.py), `ctx.floor_arms` ((label,
-mean val bpb) per arm), `ctx.paired` / `ctx.paired_path` (--paired FILE) and `ctx.option_args`.
+Each reads what the kind's load put into the context (`ctx.floor`, analysis/floor.py), the options (--paired FILE)
+and what the kind says of itself (`Kind.floor_arms`: (label, mean val bpb) per arm; `Kind.args`: the options the
+Regenerate command repeats).
 """
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ from analysis.store import display_uri
 @section("floor")
 def floor_section(ctx) -> list:
     """The n-gram floor of the runs' data beside each arm's mean val bpb."""
-    return floor_blocks(ctx.floor, ctx.floor_arms, FLOOR_COMMAND)
+    return floor_blocks(ctx.floor, ctx.kind.floor_arms(ctx), FLOOR_COMMAND)
 
 
 @section("paired")
 def paired_section(ctx) -> list:
-    return paired_blocks(ctx.paired, ctx.paired_path)
+    return paired_blocks(ctx.options.paired, ctx.options.paired_path)
 
 
 SCALING_FIGURE = "loss_vs_compute"
@@ -67,7 +68,8 @@ def scaling_blocks(ctx, sc: Scaling, arms: list) -> list:
 
 def command(ctx, program: str = "analysis.report") -> str:
     """The command that regenerates this report (query, store, the options it was given) into DIR."""
-    args = ["python", "-m", program, ctx.query, "--tracking-uri", display_uri(ctx.tracking_uri), *ctx.option_args]
+    opt = ctx.options
+    args = ["python", "-m", program, opt.query, "--tracking-uri", display_uri(opt.tracking_uri), *ctx.kind.args(ctx)]
     return " ".join(shlex.quote(a) for a in args) + " --out DIR"
 
 

@@ -212,12 +212,12 @@ def ranking_rows(frame: pd.DataFrame, mode: str, arms: list[str]):
 @section("context_length")
 def context_section(ctx) -> list:
     """The context-length section with its figures and context.csv; nothing when no run has evaluations."""
-    included = ctx.included
-    frame = load(included, ctx.labels, ctx.tracking_uri) if len(included) else pd.DataFrame(columns=COLUMNS)
+    included, ab = ctx.runs, ctx.extra
+    frame = load(included, ab.labels, ctx.options.tracking_uri) if len(included) else pd.DataFrame(columns=COLUMNS)
     if frame.empty:
         return []
     frame = frame.sort_values(["mode", "arm", "context", "seed", "run_id"]).reset_index(drop=True)
-    arms = arm_order(frame, ctx.variants, ctx.labels)
+    arms = arm_order(frame, ab.variants, ab.labels)
     styles = variant_styles(arms)
     paths = {"bpb_vs_context": ctx.figure(context_figure(frame, arms, styles), "bpb_vs_context"),
              "bpb_vs_kv_cache_at_context": ctx.figure(kv_figure(frame, arms, styles), "bpb_vs_kv_cache_at_context")}

@@ -19,9 +19,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from analysis.document import render_html, render_markdown
+
+if TYPE_CHECKING:  # annotations only: these modules import this one
+    import pandas as pd
+
+    from analysis.ablation import Ablation
+    from analysis.floor import Floor
+    from analysis.lr_transfer import Study
+    from analysis.protocol_runs import ProtocolRuns
+    from analysis.store import RunSet
+    from analysis.verdict import Margin
+
+    Extra = Ablation | ProtocolRuns | Study
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
 SECTIONS: dict[str, Callable] = {}
@@ -37,39 +49,44 @@ def section(name: str):
     return register
 
 
-@dataclass
-class Context:
-    """Everything one report reads, built once. Options a kind does not use stay at their defaults."""
+@dataclass(frozen=True)
+class Options:
+    """What a report was asked for: the command's options, and the files they name (read before any run, so a bad
+    file fails before anything is written). A kind's load reads these and never changes them."""
 
-    out: Path
-    kind: object = None  # the Kind being built
-    runset: object = None  # analysis.store.RunSet (None for kinds that read their own store, e.g. lr transfer)
-    query: str = ""
+    query: str = ""  # the experiment name or MLflow filter
     tracking_uri: str = ""
     filter_string: str = ""
     formats: tuple = ("png",)
-    paired_path: str | None = None  # --paired FILE, and its measurement
+    baseline: str | None = None  # --baseline: the asked-for baseline (the load resolves ctx.baseline)
+    margin: float | None = None  # --margin: the asked-for margin (the load resolves ctx.margin)
+    paired_path: str | None = None  # --paired FILE, and its measurement (analysis.paired.load_paired)
     paired: dict | None = None
-    plan_path: str | None = None  # --plan FILE (a verdict protocol's seed plan, analysis.seed_plan), and its plan
+    plan_path: str | None = None  # --plan FILE, and its seed plan (analysis.seed_plan.load_plan)
     plan: dict | None = None
-    option_args: list = field(default_factory=list)  # options the Regenerate command repeats
-    given_baseline: str | None = None  # what was asked for (--baseline, --margin) ...
-    given_margin: float | None = None
-    baseline: str | None = None  # ... and what the kind's load resolved
-    margin: object = None  # analysis.verdict.Margin
-    variants: list = field(default_factory=list)
-    labels: dict = field(default_factory=dict)  # variant -> short display label
-    shared: list = field(default_factory=list)  # override words shared by every variant (dropped from labels)
-    styles: dict = field(default_factory=dict)
-    protocol: object = None  # the verdict protocol's runs and recorded design (analysis.protocol.ProtocolRuns)
-    expected: dict = field(default_factory=dict)  # arm -> the direction a paper found (known-results report)
-    sources: dict = field(default_factory=dict)  # other committed reports a kind reads (known results), by name
-    study: object = None  # an lr-transfer study's points and design (analysis.lr_transfer.Study)
-    table: object = None  # the per-variant table (ablation kind), the verdict table (protocol kind)
-    floor: object = None  # analysis.floor.Floor of the runs' data, when the store has one
-    floor_arms: list = field(default_factory=list)  # (label, mean val bpb) per arm, for the floor table
-    left_out: object = None  # run-level and figure-level exclusions
-    files: list = field(default_factory=list)
+    held_out: str | None = None  # --held-out EXPERIMENT=STORE (the ladder kind)
+    script: str = ""  # the script whose --report regenerates the page (lr transfer)
+    previous: str | None = None  # an earlier report's folder, relative to the output, to show (μP hypothesis)
+    sources: tuple = ()  # (name, path) of other committed reports a kind reads (known results), overriding defaults
+
+
+@dataclass
+class Context:
+    """Everything one report reads, built once: where it goes, what was asked, the runs and the facts every kind
+    has (baseline, margin, floor, what was left out); what only one kind has is its typed `extra`."""
+
+    out: Path | None
+    options: Options = field(default_factory=Options)
+    kind: Kind | None = None  # the Kind being built (None for a notebook's context)
+    runset: RunSet | None = None  # the matched runs (None for kinds that read their own store, e.g. lr transfer)
+    runs: pd.DataFrame | None = None  # the report's results, one row per run (a kind's load narrows the runset)
+    extra: Extra | None = None  # the kind's own facts (analysis.ablation.Ablation, analysis.protocol_runs.ProtocolRuns,
+    #                             analysis.lr_transfer.Study)
+    baseline: str | None = None  # what the load resolved from options.baseline
+    margin: Margin | None = None  # ... and from options.margin and the runs' recorded margin
+    floor: Floor | None = None  # the n-gram floor of the runs' data, when the store has one
+    left_out: pd.DataFrame | None = None  # runs (and figure entries) left out, and why
+    files: list = field(default_factory=list)  # every path written
     _memo: dict = field(default_factory=dict, repr=False)
 
     def once(self, fn: Callable):
@@ -77,10 +94,6 @@ class Context:
         if fn not in self._memo:
             self._memo[fn] = fn(self)
         return self._memo[fn]
-
-    @property
-    def included(self):
-        return self.runset.included
 
     @property
     def hist(self):
@@ -99,9 +112,10 @@ class Context:
         """Save `fig` in every requested format under `folder`; returns the path the report links (first format)."""
         from analysis.plots import save_figure
 
-        for ext in self.formats:
+        for ext in self.options.formats:
             self.files.append(save_figure(fig, self.out / folder / f"{name}.{ext}"))
-        return f"{folder}/{name}.{self.formats[0]}" if folder else f"{name}.{self.formats[0]}"
+        ext = self.options.formats[0]
+        return f"{folder}/{name}.{ext}" if folder else f"{name}.{ext}"
 
 
 @dataclass(frozen=True)
@@ -114,9 +128,13 @@ class Kind:
     sections: tuple
     summary: Callable = lambda ctx: []  # (ctx) -> lines the command prints
     exit_code: Callable = lambda ctx: 0  # (ctx) -> 0 written, 1 written but no usable run
+    args: Callable = lambda ctx: []  # (ctx) -> the options the Regenerate command repeats
+    floor_arms: Callable = lambda ctx: []  # (ctx) -> (label, mean val bpb) per arm, for the floor table
+    expected: tuple = ()  # (arm, direction a paper found) for the kinds that check published findings
     files: tuple = ()  # top-level files it writes (removed before a rebuild)
     figures: tuple = ()  # figure names under figures/ (every format removed before a rebuild)
     html: bool = True
+    page: str = "index.md"  # the page it writes
 
 
 def clean(kind: Kind, out: Path) -> None:
@@ -138,11 +156,12 @@ def blocks(kind: Kind, ctx: Context) -> list:
 
 def build(kind: Kind, ctx: Context) -> Context:
     """Load the context, write every file of the report into ctx.out, return the context (ctx.files sorted)."""
+    ctx.kind = kind
     kind.load(ctx)
     ctx.out.mkdir(parents=True, exist_ok=True)
     clean(kind, ctx.out)
     doc = blocks(kind, ctx)
-    ctx.write("index.md", render_markdown(doc))
+    ctx.write(kind.page, render_markdown(doc))
     if kind.html:
         ctx.write("index.html", render_html(doc, kind.title(ctx)))
     ctx.files.sort()

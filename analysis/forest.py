@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.engine import section
 from analysis.verdict import BETTER, VERDICT_METRIC, WORSE
 
 FIGURE = "forest"
@@ -123,10 +122,11 @@ def forest_by_size(frame: pd.DataFrame) -> Figure:
     return fig
 
 
-def forest_blocks(ctx, draw=forest_figure, name: str = FIGURE) -> list:
-    """The forest plot of a verdict report's comparisons drawn by `draw` into figure `name` (nothing when there are
-    none), and forest.csv."""
-    frame = forest_frame(ctx.table, ctx.protocol.seeds, ctx.expected)
+def forest_blocks(ctx, table: pd.DataFrame, draw=forest_figure, name: str = FIGURE) -> list:
+    """The forest plot of a verdict table's comparisons drawn by `draw` into figure `name` (nothing when there are
+    none), and forest.csv; the direction a paper found marked for the kinds that check findings (`Kind.expected`)."""
+    expected = dict(ctx.kind.expected)
+    frame = forest_frame(table, ctx.extra.seeds, expected)
     if frame.empty:
         return []
     ctx.write(CSV, frame.to_csv(index=False, lineterminator="\n"))
@@ -138,16 +138,5 @@ def forest_blocks(ctx, draw=forest_figure, name: str = FIGURE) -> list:
                   "are Δ val bpb (arm − baseline) and its 95% Welch confidence interval, the small dots each seed of "
                   f"the arm minus the baseline's mean, the grey band the equivalence margin ±m ({margin}); colour: "
                   "the verdict (green better, red worse, blue equivalent, grey inconclusive)"
-                  + ("; ◁ ▷ ◇: the direction the paper found" if ctx.expected else "")
+                  + ("; ◁ ▷ ◇: the direction the paper found" if expected else "")
                   + ". Numbers: `forest.csv` and the verdict table below.")]
-
-
-@section("forest")
-def forest_section(ctx) -> list:
-    return forest_blocks(ctx)
-
-
-@section("forest.by_size")
-def forest_by_size_section(ctx) -> list:
-    """The same, one panel per size (the ladder report)."""
-    return forest_blocks(ctx, forest_by_size, BY_SIZE_FIGURE)

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from analysis import protocol
 from analysis.document import ci_text, fixed, lr_text, p_text, signed
 from analysis.engine import Context, Kind, section
-from analysis.literature import BETTER, EQUIVALENT, FINDINGS, WORSE, Finding
+from analysis.literature import BETTER, EQUIVALENT, EXPECTED, FINDINGS, WORSE, Finding
 from analysis.verdict import VERDICT_METRIC
 
 EXTRAPOLATION_CSV = "reports/extrapolation/report/context.csv"  # relative to the repository (the scripts' cwd)
@@ -63,11 +63,11 @@ def _row(f: Finding, setting: str, delta: str, p_holm: str, verdict: str) -> dic
 
 def protocol_row(ctx: Context, f: Finding) -> dict:
     """A finding decided by the protocol: `arm` against the baseline at the largest size it ran at."""
-    t = ctx.table[(ctx.table["arm"] == f.arm) & (ctx.table["verdict"] != "baseline")]
+    t = ctx.once(protocol.verdict_table)[(ctx.once(protocol.verdict_table)["arm"] == f.arm) & (ctx.once(protocol.verdict_table)["verdict"] != "baseline")]
     if not len(t):
         return _row(f, f"`{f.arm}` did not run in this study", "n/a", "n/a", "not run")
     r = t.iloc[-1]
-    base = ctx.table[(ctx.table["size"] == r["size"]) & (ctx.table["verdict"] == "baseline")].iloc[0]
+    base = ctx.once(protocol.verdict_table)[(ctx.once(protocol.verdict_table)["size"] == r["size"]) & (ctx.once(protocol.verdict_table)["verdict"] == "baseline")].iloc[0]
     setting = (f"`{f.arm}` vs `{ctx.baseline}` at `{r['size']}`: {r['n_seeds']} and {base['n_seeds']} seeds, "
                f"{r['params']:,.0f} vs {base['params']:,.0f} parameters, {r['tokens']:,.0f} tokens")
     delta = signed(r["delta"]) + " " + ci_text(r["ci_low"], r["ci_high"])
@@ -76,7 +76,7 @@ def protocol_row(ctx: Context, f: Finding) -> dict:
 
 def lr_curves(ctx: Context, arms) -> pd.DataFrame:
     """Mean val bpb of the lr stage per (arm, lr) at the largest size: the curves the lr-sensitivity row reads."""
-    p = ctx.protocol
+    p = ctx.extra
     lr = p.lr[(p.lr["verdict.size"] == p.sizes[-1]) & p.lr["verdict.arm"].isin(arms)]
     return lr.groupby(["verdict.arm", "lr_value"])[VERDICT_METRIC].mean().astype(float).reset_index()
 
@@ -104,7 +104,7 @@ def lr_sensitivity_row(ctx: Context, f: Finding) -> dict:
     n = {a: len(within_tolerance(cur[cur["verdict.arm"] == a], tol)) for a in (ctx.baseline, f.arm)}
     grid = sorted(cur["lr_value"].unique())
     verdict = BETTER if n[f.arm] > n[ctx.baseline] else WORSE if n[f.arm] < n[ctx.baseline] else "inconclusive"
-    setting = (f"lr stage at `{ctx.protocol.sizes[-1]}`: grid {', '.join(lr_text(v) for v in grid)}; lrs within "
+    setting = (f"lr stage at `{ctx.extra.sizes[-1]}`: grid {', '.join(lr_text(v) for v in grid)}; lrs within "
                f"m = {tol:g} bpb of each arm's best")
     delta = f"{n[f.arm]} vs {n[ctx.baseline]} lrs ({n[f.arm] - n[ctx.baseline]:+d})"
     return _row(f, setting, delta, "n/a (descriptive)", verdict)
@@ -115,7 +115,7 @@ def extrapolation_row(ctx: Context, f: Finding) -> dict:
     paired within each run, with a t interval and a one-sample t-test (a family of one)."""
     from scipy import stats
 
-    path = Path(ctx.sources.get("extrapolation", EXTRAPOLATION_CSV))
+    path = Path(dict(ctx.options.sources).get("extrapolation", EXTRAPOLATION_CSV))
     if not path.is_file():
         return _row(f, f"no `{path}`", "n/a", "n/a", "not run")
     frame = pd.read_csv(path)
@@ -139,7 +139,7 @@ def lr_transfer_row(ctx: Context, f: Finding) -> dict:
     better. The paper found all three: agree when all held, disagree when any failed, otherwise undecided."""
     from analysis import lr_hypothesis, lr_transfer
 
-    path = Path(ctx.sources.get("lr-transfer", LR_TRANSFER_STORE))
+    path = Path(dict(ctx.options.sources).get("lr-transfer", LR_TRANSFER_STORE))
     if not path.is_file():
         return _row(f, f"no `{path}`", "n/a", "n/a", "not run")
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,10 +176,8 @@ def known_rows(ctx: Context) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------------- sections
-def load_known(ctx: Context) -> None:
-    protocol.load_protocol(ctx)
-    ctx.expected = {f.arm: f.expected for f in FINDINGS if f.source == "protocol"}
-    ctx.option_args = ["--kind", "known-results", *ctx.option_args]
+def regenerate_args(ctx: Context) -> list[str]:
+    return ["--kind", "known-results", *protocol.regenerate_args(ctx)]
 
 
 @section("known.head")
@@ -187,7 +185,7 @@ def head_section(ctx: Context) -> list:
     rows = ctx.once(known_rows)
     counts = rows["agreement"].value_counts()
     b = protocol.head_section(ctx)
-    b[0] = ("h1", f"Known results: `{ctx.protocol.name}`")
+    b[0] = ("h1", f"Known results: `{ctx.extra.name}`")
     b.append(("p", f"**{len(rows)} published findings**: {counts.get('agree', 0)} agree, "
                    f"{counts.get('disagree', 0)} disagree, {counts.get(UNDECIDED, 0)} undecided (see "
                    "[Findings](#findings))."))
@@ -219,8 +217,8 @@ def kv_frame(ctx: Context) -> pd.DataFrame:
     """Per attention arm at the largest size: KV-cache bytes per token, mean val bpb and its 95% t half-width."""
     from scipy import stats
 
-    s = ctx.protocol.seeds
-    s = s[(s["verdict.size"] == ctx.protocol.sizes[-1]) & s["verdict.arm"].isin(KV_ARMS)]
+    s = ctx.extra.seeds
+    s = s[(s["verdict.size"] == ctx.extra.sizes[-1]) & s["verdict.arm"].isin(KV_ARMS)]
     rows = []
     for arm in [a for a in KV_ARMS if a in set(s["verdict.arm"])]:
         v = s.loc[s["verdict.arm"] == arm, VERDICT_METRIC].astype(float)
@@ -301,7 +299,7 @@ def trained_frame(ctx: Context) -> pd.DataFrame:
     arm (both stages)."""
     from analysis.floor import TRIGRAM
 
-    fl, p = ctx.floor, ctx.protocol
+    fl, p = ctx.floor, ctx.extra
     n_train = float(fl.n_train) if fl is not None and str(fl.n_train).isdigit() else math.nan
     s = p.seeds[p.seeds["verdict.size"] == p.sizes[-1]]
     runs = p.results()
@@ -362,7 +360,7 @@ def undecided_frame(ctx: Context) -> pd.DataFrame:
     from analysis.verdict import INCONCLUSIVE
     from analysis.power import power_difference, power_tost, sd_upper, seeds_needed
 
-    t, margin = ctx.table, ctx.margin.value
+    t, margin = ctx.once(protocol.verdict_table), ctx.margin.value
     base = t[t["verdict"] == "baseline"].set_index("size")
     rows = []
     for r in t[t["verdict"] == INCONCLUSIVE].itertuples():
@@ -431,7 +429,7 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
 def compute_section(ctx: Context) -> list:
     """What the study cost: the runs' summed time (each run one process, one thread) and the wall time during which
     at least one run was running (the study may span sessions: the pauses between them are not counted)."""
-    p = ctx.protocol
+    p = ctx.extra
     runs = p.results()
     t = runs[["start_time", "end_time"]].dropna().astype(float) / 1000.0  # MLflow's ms -> s
     if not len(t):
@@ -447,10 +445,11 @@ def compute_section(ctx: Context) -> list:
                   "the final evaluation included).")]
 
 
-KNOWN_RESULTS = Kind("known-results", load_known, lambda ctx: f"Known results: {ctx.protocol.name}",
+KNOWN_RESULTS = Kind("known-results", protocol.load_protocol, lambda ctx: f"Known results: {ctx.extra.name}",
                      ("known.head", "forest", "known.findings", "known.undecided", "known.trained", "known.kv_cache",
                       "known.lr_sensitivity", "protocol.intro", "protocol.verdicts", "floor", "protocol.lr",
                       "protocol.throughput", "paired",
                       "known.compute", "protocol.provenance", "regenerate"),
-                     summary=protocol.protocol_summary, exit_code=protocol.PROTOCOL.exit_code,
+                     summary=protocol.protocol_summary, exit_code=protocol.PROTOCOL.exit_code, args=regenerate_args,
+                     floor_arms=protocol.floor_arms, expected=EXPECTED,
                      files=protocol.FILES + (CSV,), figures=protocol.PROTOCOL.figures + (KV_FIGURE, LR_FIGURE))

@@ -38,7 +38,7 @@ from analysis import forest, ladder, protocol
 from analysis.document import ci_text, fixed, p_text, signed
 from analysis.engine import Context, Kind, section
 from analysis.known_results import BASELINE_BEATS_ORDER, BELOW_TRIGRAM, MAX_EPOCHS
-from analysis.literature import FINDINGS
+from analysis.literature import EXPECTED
 from analysis.store import AnalysisError, load_runs
 from analysis.verdict import VERDICT_METRIC, resolve_margin
 
@@ -63,7 +63,7 @@ class HeldOut:
 def held_out_of(ctx: Context) -> HeldOut | None:
     """The rung given with --held-out EXPERIMENT=STORE (STORE: a tracking URI, or an SQLite file, .db or .db.gz,
     read from a temporary copy), through the protocol code on that store's runs; None without one."""
-    source = ctx.sources.get("held-out")
+    source = ctx.options.held_out
     if not source:
         return None
     experiment, sep, store = source.partition("=")
@@ -92,29 +92,32 @@ def held_out_of(ctx: Context) -> HeldOut | None:
         raise AnalysisError(f"--held-out {source}: {exc}") from None
     table = protocol.verdicts(p, margin)
     size = p.sizes[-1]
-    if size in ctx.protocol.sizes:
-        raise AnalysisError(f"--held-out {source}: its largest size `{size}` is also a size of `{ctx.protocol.name}`; "
+    if size in ctx.extra.sizes:
+        raise AnalysisError(f"--held-out {source}: its largest size `{size}` is also a size of `{ctx.extra.name}`; "
                             "a held-out rung must be another size")
     return HeldOut(source, p.name, size, table[table["size"] == size].reset_index(drop=True))
 
 
 def load_ladder(ctx: Context) -> None:
     protocol.load_protocol(ctx)
-    p, held = ctx.protocol, ctx.once(held_out_of)
+    p, held = ctx.extra, ctx.once(held_out_of)
     if len(p.sizes) + (held is not None) < MIN_SIZES:
         raise AnalysisError(f"--kind ladder: protocol `{p.name}` ran {len(p.sizes)} size(s) "
                             f"({', '.join(p.sizes)}){' and --held-out one' if held else ''}; a ladder needs "
                             f">= {MIN_SIZES}: {ladder.MIN_FIT} to fit the trend and the largest held out. Report it "
                             "with --kind auto")
-    ctx.expected = {f.arm: f.expected for f in FINDINGS if f.source == "protocol"}
-    ctx.option_args = ["--kind", "ladder", *(["--held-out", held.source] if held else []), *ctx.option_args]
     ctx.once(ladder_of)  # a held-out rung that is not the largest fails here, before anything is written
+
+
+def regenerate_args(ctx: Context) -> list[str]:
+    held = ctx.once(held_out_of)
+    return ["--kind", "ladder", *(["--held-out", held.source] if held else []), *protocol.regenerate_args(ctx)]
 
 
 def ladder_of(ctx: Context) -> dict:
     """The ladder's numbers, computed once: points, trends, predictions, fits, decision accuracy; the held-out rung
     is the protocol's largest size, or the one given with --held-out."""
-    held, table, sizes = ctx.once(held_out_of), ctx.table, list(ctx.protocol.sizes)
+    held, table, sizes = ctx.once(held_out_of), ctx.once(protocol.verdict_table), list(ctx.extra.sizes)
     if held is not None:
         table, sizes = pd.concat([table, held.table], ignore_index=True), sizes + [held.size]
     points = ladder.ladder_points(table, sizes)
@@ -122,7 +125,7 @@ def ladder_of(ctx: Context) -> dict:
     if held is not None and len(top) and len(rest) and top.min() <= rest.max():
         raise AnalysisError(f"--held-out {held.source}: its size `{held.size}` ({top.min():,.0f} parameters) is not "
                             f"larger than the ladder's largest ({rest.max():,.0f})")
-    trends, predictions, fits = ladder.trends(points, ctx.expected, ctx.margin.value)
+    trends, predictions, fits = ladder.trends(points, dict(EXPECTED), ctx.margin.value)
     return {"points": points, "trends": trends, "predictions": predictions, "fits": fits,
             "decisions": ladder.decision_accuracy(points)}
 
@@ -200,7 +203,7 @@ def ladder_figure(points: pd.DataFrame, fits: dict, predictions: pd.DataFrame, e
 @section("ladder.head")
 def head_section(ctx: Context) -> list:
     lad = ctx.once(ladder_of)
-    p, pts = ctx.protocol, lad["points"]
+    p, pts = ctx.extra, lad["points"]
     b = protocol.head_section(ctx)
     b[0] = ("h1", f"Ladder: `{p.name}`")
     n = pts.groupby("size")["n_params"].first()
@@ -227,7 +230,7 @@ def trend_section(ctx: Context) -> list:
     pts, tr = lad["points"], lad["trends"]
     ctx.write(POINTS_CSV, pts.to_csv(index=False, lineterminator="\n"))
     ctx.write(TRENDS_CSV, tr.to_csv(index=False, lineterminator="\n"))
-    path = ctx.figure(ladder_figure(pts, lad["fits"], lad["predictions"], ctx.expected, ctx.margin.value), FIGURE)
+    path = ctx.figure(ladder_figure(pts, lad["fits"], lad["predictions"], dict(EXPECTED), ctx.margin.value), FIGURE)
     rows = [[f"`{r.arm}`", r.expected or "n/a", str(r.sizes),
              "n/a" if not np.isfinite(r.slope) else f"{signed(r.slope)} {ci_text(r.slope_low, r.slope_high)}",
              p_text(r.p_slope_holm), "n/a" if not np.isfinite(r.dispersion) else f"{r.dispersion:.2f}", r.trend,
@@ -304,7 +307,7 @@ def trained_by_size(ctx: Context) -> pd.DataFrame:
     floor's train tokens; min and max over every run at the size, both stages)."""
     from analysis.floor import TRIGRAM
 
-    fl, p = ctx.floor, ctx.protocol
+    fl, p = ctx.floor, ctx.extra
     n_train = float(fl.n_train) if fl is not None and str(fl.n_train).isdigit() else math.nan
     runs, rows = p.results(), []
     for size in p.sizes:
@@ -342,7 +345,7 @@ def trained_section(ctx: Context) -> list:
 
 
 def ladder_summary(ctx: Context) -> list[str]:
-    lad, p, held = ctx.once(ladder_of), ctx.protocol, ctx.once(held_out_of)
+    lad, p, held = ctx.once(ladder_of), ctx.extra, ctx.once(held_out_of)
     top = f"`{held.size}` of `{held.protocol}` ({held.source})" if held else f"`{p.sizes[-1]}`"
     lines = [f"ladder report for {ctx.runset.description} (protocol `{p.name}`): {len(p.arms)} arms x "
              f"{len(p.sizes)} sizes, {top} held out -> {ctx.out / 'index.md'}",
@@ -353,11 +356,12 @@ def ladder_summary(ctx: Context) -> list[str]:
     return lines
 
 
-LADDER = Kind("ladder", load_ladder, lambda ctx: f"Ladder: {ctx.protocol.name}",
+LADDER = Kind("ladder", load_ladder, lambda ctx: f"Ladder: {ctx.extra.name}",
               ("ladder.head", "ladder.trend", "ladder.predictions", "ladder.decisions", "ladder.trained",
                "forest.by_size",
                "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "protocol.throughput", "paired",
                "protocol.provenance", "regenerate"),
-              summary=ladder_summary, exit_code=protocol.PROTOCOL.exit_code,
+              summary=ladder_summary, exit_code=protocol.PROTOCOL.exit_code, args=regenerate_args,
+              floor_arms=protocol.floor_arms, expected=EXPECTED,
               files=protocol.FILES + (POINTS_CSV, TRENDS_CSV, PREDICTIONS_CSV, DECISIONS_CSV),
               figures=protocol.PROTOCOL.figures + (FIGURE, forest.BY_SIZE_FIGURE))

@@ -115,3 +115,7 @@ FINDINGS = (
             "lr-transfer", "adamw",
             checked="full text: Fig. 1 caption and legend, sec. 3 (setup), sec. 4-5, footnote 11 (post-LN)"),
 )
+
+
+# arm -> the direction its paper found, for the findings the verdict protocol decides (the forest plot's marks)
+EXPECTED = tuple((f.arm, f.expected) for f in FINDINGS if f.source == "protocol")

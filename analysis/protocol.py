@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis import common, forest, scaling  # noqa: F401  (common, forest: their sections register)
+from analysis import common, forest, scaling  # noqa: F401  (common: its sections register)
 from analysis.document import (ci_text, fixed, machine_counts, machine_of, margin_text, mean_std, p_text, params_vs,
                                run_counts, sci, signed)
 from analysis.engine import Context, Kind, section
@@ -42,10 +42,10 @@ from analysis.floor import floor_for_runs, floor_line, headline
 from analysis.paired import UNPAIRED
 from analysis.seed_plan import check_protocol, plan_blocks
 from analysis.stats import paired_t
-from analysis.store import AnalysisError, RunSet, display_uri
+from analysis.protocol_runs import STAGE_LR, STAGE_SEEDS, ProtocolRuns, is_protocol, lr_key, select  # noqa: F401
+from analysis.store import AnalysisError, display_uri
 from analysis.verdict import VERDICT_METRIC, WIDE_MARGIN, Margin, compare_pairs, resolve_margin
 
-STAGE_LR, STAGE_SEEDS = "lr", "seeds"
 FILES = ("index.md", "index.html", forest.CSV, "verdicts.csv", "lr_search.csv", "scaling.csv", "scaling_points.csv", "runs.csv",
          "left_out.csv")
 RUN_COLUMNS = ("verdict.protocol", "verdict.size", "verdict.family", "verdict.arm", "verdict.stage", "seed",
@@ -54,119 +54,10 @@ RUN_COLUMNS = ("verdict.protocol", "verdict.size", "verdict.family", "verdict.ar
                "flops_per_token", "flops_seen", "tokens_seen", "final_tokens_per_sec")
 
 
-def is_protocol(runset: RunSet) -> bool:
-    """Whether the matched runs come from the verdict protocol (any run tagged `verdict.protocol`)."""
-    runs = runset.runs
-    return "verdict.protocol" in runs and bool(runs["verdict.protocol"].notna().any())
-
-
-def _lr_key(v) -> float:
-    """lrs compare by value, not by spelling ('0.006' param, '6e-03' tag): 6 significant digits."""
-    v = float(v)
-    return float(f"{v:.6g}") if math.isfinite(v) else math.nan
-
-
-@dataclass
-class ProtocolRuns:
-    """The runs of one protocol, split by stage, with its sizes (smallest budget first), arms and families."""
-
-    name: str
-    runset: RunSet
-    seeds: pd.DataFrame  # FINISHED seeds-stage runs with the required metrics: the statistics use only these
-    lr: pd.DataFrame  # FINISHED lr-stage runs with the required metrics
-    lr_failed: pd.DataFrame  # lr-stage runs that are not results (FAILED, KILLED, ...)
-    sizes: list
-    baseline: str
-    arms: list  # baseline first, then by (family, name)
-    family: dict  # arm -> family
-    left_out: pd.DataFrame
-    holm: str = "study"  # the declared Holm family (verdict.holm): study | size | arm-family
-    holm_source: str = ""  # how it is known, in words
-    primary_arms: tuple = ()  # () = every non-baseline arm
-    primary_sizes: tuple = ()  # () = every size
-    paired: bool = False  # a paired test declared before the runs (verdict.paired): arms share each seed's data
-
-    def results(self) -> pd.DataFrame:
-        """Every run that is a result, both stages (seeds first)."""
-        return pd.concat([self.seeds, self.lr], ignore_index=True)
-
-
-def declared(inc: pd.DataFrame) -> dict:
-    """The Holm family and primary comparisons the runs recorded (verdict.holm, verdict.primary); the default when
-    they recorded none (runs from before the tags): one family of every comparison. AnalysisError if they differ.
-    `paired`: whether they recorded a paired test declared before the runs (verdict.paired = true)."""
-    holm = sorted(set(inc.get("verdict.holm", pd.Series(dtype=object)).dropna().astype(str)))
-    prim = sorted(set(inc.get("verdict.primary", pd.Series(dtype=object)).dropna().astype(str)))
-    if len(holm) > 1 or len(prim) > 1:
-        raise AnalysisError(f"the runs recorded different Holm families ({', '.join(holm + prim)}): one protocol "
-                            "declares one family; report its runs of one declaration with --filter")
-    paired = {"paired": "true" in set(inc.get("verdict.paired", pd.Series(dtype=object)).dropna().astype(str))}
-    if not holm:
-        return {"holm": "study", "holm_source": "not declared before the runs (no verdict.holm tag): the default, "
-                                                "every comparison of the study in one family"} | paired
-    parts = dict(kv.split("=", 1) for kv in (prim[0].split(";") if prim else []) if "=" in kv)
-
-    def names(key):
-        v = parts.get(key, "*")
-        return () if v in ("*", "") else tuple(v.split(","))
-
-    return {"holm": holm[0], "holm_source": "declared before the runs (verdict.holm, verdict.primary)",
-            "primary_arms": names("arms"), "primary_sizes": names("sizes")} | paired
-
-
-def select(runset: RunSet, baseline: str | None = None) -> ProtocolRuns:
-    """The protocol's runs from a RunSet (AnalysisError when several protocols match or the baseline is unknown).
-    Runs without protocol tags are left out, with the reason."""
-    runs, inc = runset.runs, runset.included
-    names = sorted(runs["verdict.protocol"].dropna().astype(str).unique())
-    if len(names) > 1:
-        raise AnalysisError(f"runs of {len(names)} verdict protocols match ({', '.join(names)}); report one with "
-                            f"--filter \"tags.`verdict.protocol` = '{names[0]}'\"")
-    name = names[0]
-    lo = runset.left_out.copy()
-    foreign = inc[inc["verdict.protocol"] != name]
-    if len(foreign):
-        extra = pd.DataFrame({"run_id": foreign["run_id"], "run_name": foreign["run_name"],
-                              "variant": foreign["variant"], "seed": foreign["seed"], "status": foreign["status"],
-                              "scope": "report", "reason": f"not a run of the verdict protocol `{name}`"})
-        lo = pd.concat([lo, extra], ignore_index=True)
-    inc = inc[inc["verdict.protocol"] == name].copy()
-    missing = inc[inc["verdict.arm"].isna() | inc["verdict.size"].isna() | ~inc["verdict.stage"].isin(
-        [STAGE_LR, STAGE_SEEDS])]
-    if len(missing):
-        extra = pd.DataFrame({"run_id": missing["run_id"], "run_name": missing["run_name"],
-                              "variant": missing["variant"], "seed": missing["seed"], "status": missing["status"],
-                              "scope": "report", "reason": "verdict.arm, verdict.size or verdict.stage tag missing"})
-        lo = pd.concat([lo, extra], ignore_index=True)
-        inc = inc.drop(missing.index)
-    if len(lo):
-        lo["seed"] = lo["seed"].astype("Int64")
-        lo = lo.sort_values(["variant", "seed", "run_id"], na_position="last").reset_index(drop=True)
-    inc["lr_value"] = inc["optim.lr"].map(_lr_key)
-    seeds = inc[inc["verdict.stage"] == STAGE_SEEDS].reset_index(drop=True)
-    lr = inc[inc["verdict.stage"] == STAGE_LR].reset_index(drop=True)
-    mine = runs[(runs["verdict.protocol"] == name) & (runs["verdict.stage"] == STAGE_LR)]
-    lr_failed = mine[~mine["run_id"].isin(inc["run_id"])].assign(lr_value=lambda f: f["optim.lr"].map(_lr_key))
-    budgets = inc.groupby("verdict.size")["verdict.budget_flops"].first().map(
-        lambda b: float(b) if b is not None else math.inf)
-    sizes = sorted(budgets.index, key=lambda s: (budgets[s], s))
-    family = {a: str(f) for a, f in inc.groupby("verdict.arm")["verdict.family"].first().items()}
-    tagged = sorted(inc["verdict.baseline"].dropna().astype(str).unique())
-    if baseline is None:
-        if len(tagged) != 1:
-            raise AnalysisError(f"the runs name {len(tagged)} baseline arms ({', '.join(tagged) or 'none'}); "
-                                "choose one with --baseline ARM")
-        baseline = tagged[0]
-    if baseline not in family:
-        raise AnalysisError(f"baseline arm {baseline!r} has no usable runs; arms: {', '.join(sorted(family))}")
-    arms = [baseline] + sorted((a for a in family if a != baseline), key=lambda a: (family[a], a))
-    return ProtocolRuns(name, runset, seeds, lr, lr_failed, sizes, baseline, arms, family, lo, **declared(inc))
-
-
 # ---------------------------------------------------------------------------------------------------- statistics
 def _arm_lr(runs: pd.DataFrame) -> float:
     tags = runs["verdict.lr"].dropna()
-    vals = sorted({_lr_key(v) for v in tags} or set(runs["lr_value"].dropna()))
+    vals = sorted({lr_key(v) for v in tags} or set(runs["lr_value"].dropna()))
     return vals[0] if len(vals) == 1 else math.nan
 
 
@@ -305,36 +196,48 @@ SCALING_TOO_FEW = ("the baseline arm `{arm}` has seeds at {levels} distinct comp
 def scaling_fact(ctx: Context) -> scaling.Scaling:
     """The seeds stage's scaling (analysis.scaling.scaling_of: compute spent, fits when the baseline has seeds at
     >= 3 compute values); its points keep each run's size."""
-    s = ctx.protocol.seeds
+    s = ctx.extra.seeds
     points = pd.DataFrame({"arm": s["verdict.arm"], "size": s["verdict.size"], "seed": s["seed"],
                            "compute": scaling.run_compute(s), scaling.METRIC: s[scaling.METRIC].astype(float)})
-    return scaling.scaling_of(points, ctx.protocol.baseline, SCALING_TOO_FEW)
+    return scaling.scaling_of(points, ctx.extra.baseline, SCALING_TOO_FEW)
 
 
 # ---------------------------------------------------------------------------------------------------- the report
 def load_protocol(ctx: Context) -> None:
-    """The protocol's runs (`ctx.protocol`: stages, sizes, arms, the declared Holm family), its margin, the verdict
-    table (`ctx.table`) and the n-gram floor of the seeds' data."""
-    p = select(ctx.runset, ctx.given_baseline)
-    check_protocol(ctx.plan, ctx.plan_path, p.name)
+    """The protocol's runs (`ctx.extra`: stages, sizes, arms, the declared Holm family), its margin and the n-gram
+    floor of the seeds' data."""
+    opt = ctx.options
+    p = select(ctx.runset, opt.baseline)
+    check_protocol(opt.plan, opt.plan_path, p.name)
     try:
-        ctx.margin = resolve_margin(ctx.given_margin, p.seeds["verdict.margin"], p.seeds["verdict.margin_reason"])
+        ctx.margin = resolve_margin(opt.margin, p.seeds["verdict.margin"], p.seeds["verdict.margin_reason"])
     except ValueError as exc:
         raise AnalysisError(str(exc)) from None
-    ctx.protocol, ctx.baseline = p, p.baseline
-    ctx.table = verdicts(p, ctx.margin)
-    ctx.left_out = p.left_out
-    ctx.floor = floor_for_runs(ctx.tracking_uri, p.seeds)
-    ctx.floor_arms = [(f"`{r['arm']}` at `{r['size']}`", float(r["mean"])) for _, r in ctx.table.iterrows()]
-    args = ["--filter", ctx.filter_string] if ctx.filter_string else []
-    args += ["--baseline", ctx.given_baseline] if ctx.given_baseline else []
-    args += ["--margin", f"{ctx.given_margin:g}"] if ctx.given_margin is not None else []
-    args += ["--paired", ctx.paired_path] if ctx.paired_path else []
-    ctx.option_args = args + (["--plan", ctx.plan_path] if ctx.plan_path else [])
+    ctx.extra, ctx.baseline, ctx.runs, ctx.left_out = p, p.baseline, p.results(), p.left_out
+    ctx.floor = floor_for_runs(opt.tracking_uri, p.seeds)
+
+
+def verdict_table(ctx: Context) -> pd.DataFrame:
+    """The report's verdict table (`verdicts`), computed once per report: `ctx.once(verdict_table)`."""
+    return verdicts(ctx.extra, ctx.margin)
+
+
+def floor_arms(ctx: Context) -> list:
+    return [(f"`{r['arm']}` at `{r['size']}`", float(r["mean"])) for _, r in ctx.once(verdict_table).iterrows()]
+
+
+def regenerate_args(ctx: Context) -> list[str]:
+    """The options the Regenerate command repeats, as they were given."""
+    opt = ctx.options
+    args = ["--filter", opt.filter_string] if opt.filter_string else []
+    args += ["--baseline", opt.baseline] if opt.baseline else []
+    args += ["--margin", f"{opt.margin:g}"] if opt.margin is not None else []
+    args += ["--paired", opt.paired_path] if opt.paired_path else []
+    return args + (["--plan", opt.plan_path] if opt.plan_path else [])
 
 
 def protocol_summary(ctx: Context) -> list[str]:
-    p = ctx.protocol
+    p = ctx.extra
     lines = [f"protocol report for {ctx.runset.description} (protocol `{p.name}`): {len(p.seeds)} seeds-stage "
              f"and {len(p.lr)} lr-stage runs, {len(p.arms)} arms x {len(p.sizes)} sizes -> {ctx.out / 'index.md'}",
              f"verdicts on {VERDICT_METRIC}: equivalence margin {margin_text(ctx.margin.value)} bits/byte "
@@ -353,12 +256,24 @@ def _params_text(r) -> str:
     return f"same ({r['params']:,.0f})" if same == "same" else same
 
 
+@section("forest")
+def forest_section(ctx: Context) -> list:
+    return forest.forest_blocks(ctx, ctx.once(verdict_table))
+
+
+@section("forest.by_size")
+def forest_by_size_section(ctx: Context) -> list:
+    """The same, one panel per size (the ladder report)."""
+    return forest.forest_blocks(ctx, ctx.once(verdict_table), forest.forest_by_size, forest.BY_SIZE_FIGURE)
+
+
 @section("protocol.head")
 def head_section(ctx: Context) -> list:
     """The title, the floor's headline (the best arm at the largest size) and the commit line."""
-    p = ctx.protocol
+    p = ctx.extra
     b: list = [("h1", f"Verdict protocol report: `{p.name}`")]
-    at = ctx.table[ctx.table["size"] == p.sizes[-1]] if len(ctx.table) else ctx.table
+    table = ctx.once(verdict_table)
+    at = table[table["size"] == p.sizes[-1]] if len(table) else table
     if len(at):
         best = at.loc[at["mean"].idxmin()]
         b.extend(headline(ctx.floor, float(best["mean"]), f"the best arm at the largest size (`{best['arm']}` at "
@@ -368,7 +283,7 @@ def head_section(ctx: Context) -> list:
 
 @section("protocol.intro")
 def intro_section(ctx: Context) -> list:
-    p, rs = ctx.protocol, ctx.runset
+    p, rs = ctx.extra, ctx.runset
     n_left = int((p.left_out["scope"] == "report").sum()) if len(p.left_out) else 0
     b: list = [("p", f"MLflow tracking URI `{display_uri(rs.tracking_uri)}`; {rs.description}. Protocol `{p.name}` "
                    f"(`python -m sweeps.verdict`): **{len(p.arms)}** arms × **{len(p.sizes)}** sizes "
@@ -411,7 +326,7 @@ def sequential_design(seeds: pd.DataFrame) -> str:
 
 
 def _margin_blocks(ctx: Context) -> list:
-    mg, t = ctx.margin, ctx.table
+    mg, t = ctx.margin, ctx.once(verdict_table)
     if not np.isfinite(mg.value):
         return [("p", f"Equivalence margin: {mg.source}.")]
     text = f"Equivalence margin m = {margin_text(mg.value)} bits/byte, {mg.source}"
@@ -420,8 +335,8 @@ def _margin_blocks(ctx: Context) -> list:
     wide = [f"`{r['size']}` ({mg.value / r['mean']:.1%} of {r['mean']:.4f})" for _, r in base.iterrows()
             if mg.wide(float(r["mean"]))]
     out = [("p", text)]
-    if sequential_design(ctx.protocol.seeds):
-        out.append(("p", sequential_design(ctx.protocol.seeds) + ". Each comparison stopped getting seeds once the "
+    if sequential_design(ctx.extra.seeds):
+        out.append(("p", sequential_design(ctx.extra.seeds) + ". Each comparison stopped getting seeds once the "
                          "sequential rule decided it (sweeps/sequential.py); the verdicts below are this report's "
                          "fixed rule on the seeds each arm got, the protocol's log has the stopping rule's own."))
     if wide:
@@ -433,7 +348,7 @@ def _margin_blocks(ctx: Context) -> list:
 
 @section("protocol.verdicts")
 def verdicts_section(ctx: Context) -> list:
-    p, table = ctx.protocol, ctx.table
+    p, table = ctx.extra, ctx.once(verdict_table)
     ctx.write("verdicts.csv", table.to_csv(index=False, lineterminator="\n"))
     b: list = [("h2", "Verdicts per size")]
     b.append(("p", "Final val bpb (bits/byte, lower is better), mean ± std over seeds (ddof=1); Δ = arm − baseline "
@@ -471,7 +386,7 @@ def verdicts_section(ctx: Context) -> list:
             + _tokens_text(r, table) + ")" for _, r in differ.iterrows())
             + ". A quality difference mixes the architecture with its size."))
     b.extend(_machines_blocks(ctx))
-    b.extend(plan_blocks(ctx))
+    b.extend(plan_blocks(ctx, table))
     b.extend(_paired_blocks(ctx))
     b.append(("p", "Machine-readable: `verdicts.csv` (every number above, unrounded)."))
     return b
@@ -480,17 +395,17 @@ def verdicts_section(ctx: Context) -> list:
 def _machines_blocks(ctx: Context) -> list:
     """Comparisons whose arm's seeds and baseline's seeds ran on different machines (tag device_name): a seed's
     trajectory is not bit-reproducible across CPUs or GPUs, so the machine is mixed into such a difference."""
-    seeds = ctx.protocol.seeds
+    seeds = ctx.extra.seeds
     machines = machine_of(seeds)
     if machines is None or not len(seeds):
         return []
     where = {(str(sz), str(arm)): sorted(set(m)) for (sz, arm), m in machines.groupby(
         [seeds["verdict.size"], seeds["verdict.arm"]])}
     notes = []
-    for _, r in ctx.table.iterrows():
+    for _, r in ctx.once(verdict_table).iterrows():
         if r["verdict"] == "baseline":
             continue
-        arm, base = where.get((str(r["size"]), str(r["arm"]))), where.get((str(r["size"]), ctx.protocol.baseline))
+        arm, base = where.get((str(r["size"]), str(r["arm"]))), where.get((str(r["size"]), ctx.extra.baseline))
         if arm and base and arm != base:
             notes.append(f"`{r['arm']}` at `{r['size']}` (its seeds on {', '.join(arm)}; the baseline's on "
                          f"{', '.join(base)})")
@@ -504,12 +419,12 @@ def _machines_blocks(ctx: Context) -> list:
 def _paired_blocks(ctx: Context) -> list:
     """Beside Welch's Δ: the paired Δ over the seeds an arm shares with the baseline, when the protocol declared a
     paired test before the runs (nothing otherwise: pairing chosen after seeing the data would be a forking path)."""
-    if not ctx.protocol.paired:
+    if not ctx.extra.paired:
         return []
     rows = [[f"`{r['size']}`", f"`{r['arm']}`", signed(r["delta"]) + " " + ci_text(r["ci_low"], r["ci_high"]),
              str(int(r["paired_n"])), signed(r["paired_delta"]) + " " + ci_text(r["paired_ci_low"], r["paired_ci_high"]),
              "n/a" if not np.isfinite(r["correlation"]) else f"{r['correlation']:+.2f}"]
-            for _, r in ctx.table.iterrows() if r["verdict"] != "baseline"]
+            for _, r in ctx.once(verdict_table).iterrows() if r["verdict"] != "baseline"]
     return [("p", "**Paired** (declared before the runs, `verdict.paired`: an arm's seed s trained on the same data "
                   "order as the baseline's seed s): the mean over shared seeds of (arm − baseline) with its 95% t "
                   "interval (n − 1 df), beside Welch's, and the correlation r of the two arms' val bpb across those "
@@ -532,7 +447,7 @@ def _tokens_text(r, table: pd.DataFrame) -> str:
 
 @section("protocol.provenance")
 def provenance_section(ctx: Context) -> list:
-    p, rs = ctx.protocol, ctx.runset
+    p, rs = ctx.extra, ctx.runset
     runs = p.results()
     ctx.write("runs.csv", runs[[c for c in RUN_COLUMNS if c in runs.columns]].to_csv(index=False, lineterminator="\n"))
     ctx.write("left_out.csv", p.left_out.to_csv(index=False, lineterminator="\n"))
@@ -560,7 +475,7 @@ def provenance_section(ctx: Context) -> list:
 
 @section("protocol.lr")
 def lr_section(ctx: Context) -> list:
-    p = ctx.protocol
+    p = ctx.extra
     lrs, grid = lr_search(p)
     ctx.write("lr_search.csv", lrs.to_csv(index=False, lineterminator="\n"))
     b: list = [("h2", "lr search")]
@@ -578,8 +493,8 @@ def lr_section(ctx: Context) -> list:
         failed = {float(v) for v in str(r["failed"]).split(";") if v}
         for lr in grid:
             v = r[f"bpb@{lr:g}"]
-            cell = fixed(v) if np.isfinite(v) else ("failed" if _lr_key(lr) in failed else "")
-            if np.isfinite(r["chosen_lr"]) and _lr_key(lr) == r["chosen_lr"] and cell:
+            cell = fixed(v) if np.isfinite(v) else ("failed" if lr_key(lr) in failed else "")
+            if np.isfinite(r["chosen_lr"]) and lr_key(lr) == r["chosen_lr"] and cell:
                 cell = f"**{cell}** ✓"
             cells.append(cell)
         note = ""
@@ -600,7 +515,7 @@ def lr_section(ctx: Context) -> list:
 
 @section("protocol.scaling")
 def scaling_section(ctx: Context) -> list:
-    p, sc = ctx.protocol, ctx.once(scaling_fact)
+    p, sc = ctx.extra, ctx.once(scaling_fact)
     if len(sc.points):
         ctx.write("scaling_points.csv", sc.points.to_csv(index=False, lineterminator="\n"))
     b: list = [("h2", "Scaling with compute")]
@@ -622,7 +537,7 @@ def scaling_section(ctx: Context) -> list:
 
 @section("protocol.throughput")
 def throughput_section(ctx: Context) -> list:
-    p = ctx.protocol
+    p = ctx.extra
     b: list = [("h2", "Throughput per run (not paired)")]
     s = p.seeds
     if not len(s) or not np.isfinite(s["final_tokens_per_sec"].astype(float)).any():
@@ -643,9 +558,9 @@ def throughput_section(ctx: Context) -> list:
     return b
 
 
-PROTOCOL = Kind("protocol", load_protocol, lambda ctx: f"Verdict protocol report: {ctx.protocol.name}",
+PROTOCOL = Kind("protocol", load_protocol, lambda ctx: f"Verdict protocol report: {ctx.extra.name}",
                 ("protocol.head", "forest", "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "protocol.scaling",
                  "protocol.throughput", "paired", "protocol.provenance", "regenerate"),
-                summary=protocol_summary,
-                exit_code=lambda ctx: 0 if len(ctx.protocol.seeds) or len(ctx.protocol.lr) else 1,
+                summary=protocol_summary, args=regenerate_args, floor_arms=floor_arms,
+                exit_code=lambda ctx: 0 if len(ctx.extra.seeds) or len(ctx.extra.lr) else 1,
                 files=FILES, figures=(common.SCALING_FIGURE, forest.FIGURE))

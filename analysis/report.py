@@ -1,27 +1,20 @@
-"""Regenerate an ablation report from MLflow: figures, a per-variant table, index.md and index.html.
+"""Every report from MLflow, one command: `python -m analysis.report KIND QUERY [options]`.
 
-    python -m analysis.report <experiment-or-filter> [--out DIR] [--baseline VARIANT] [--tracking-uri URI]
-                              [--filter FILTER] [--format png] [--format svg] [--margin M] [--paired FILE]
-                              [--plan FILE]
+    python -m analysis.report ablation norms --out reports/norms --baseline norm=layernorm
+    python -m analysis.report protocol second-study --tracking-uri sqlite:///study/second-study/mlflow.db
+    python -m analysis.report known-results known-results --paired FILE --plan FILE
+    python -m analysis.report ladder known-results-ladder --held-out known-results=reports/known-results/mlflow.db.gz
+    python -m analysis.report lr-transfer lr-transfer --out reports/lr-transfer
+    python -m analysis.report mup-hypothesis lr-transfer-480 --out reports/lr-transfer/480-steps --previous ..
+    python -m analysis.report QUERY [--kind KIND]     # the older spelling: KIND defaults to auto
 
-`<experiment-or-filter>` is an MLflow experiment name, or else an MLflow search filter over all experiments
-(e.g. "tags.choice.norm = 'rmsnorm'"). The tracking URI is `--tracking-uri`, else MLFLOW_TRACKING_URI, else
+KIND: `auto` (protocol when the matched runs carry `verdict.protocol`, else ablation), `ablation`
+(analysis/ablation.py), `protocol` (analysis/protocol.py), `known-results` (analysis/known_results.py), `ladder`
+(analysis/ladder_report.py), `lr-transfer` (analysis/lr_transfer.py) and `mup-hypothesis` (analysis/lr_hypothesis.py).
+QUERY is an MLflow experiment name, or else an MLflow search filter over all experiments (e.g.
+"tags.choice.norm = 'rmsnorm'"). The tracking URI is `--tracking-uri`, else MLFLOW_TRACKING_URI, else
 sqlite:///mlflow.db. Same runs in, same bytes out (no dates, sorted everything, fixed figure metadata, seeded
 bootstraps).
-
-Each variant gets one verdict against the baseline on final val bpb: better / worse / equivalent within ±m /
-inconclusive (Holm-adjusted Welch tests and TOST against ±m; the rule is in analysis/verdict.py). m is `--margin M`
-when given (labelled as given at report time), else the margin the runs recorded before they ran (`verdict.margin`),
-else none (no equivalence is tested); the margin used is printed. When the runs form a compute ladder (an arm at >= 3
-training-compute values), a scaling section fits L(C) = E + A C^-alpha per arm and gives
-compute multipliers against the baseline (analysis/scaling.py).
-
-When the runs come from the verdict protocol (`python -m sweeps.verdict`: tagged `verdict.protocol`), the report is
-the protocol's (analysis/protocol.py): verdicts per size from the seeds stage only, Holm within a family at a size,
-the lr search, scaling fits over the sizes. Per-run tokens/s are always labelled as runs made at different times
-(not paired); `--paired FILE` adds a paired measurement from `python -m ablations.paired --json FILE`. A protocol's
-`--plan FILE` (`python -m sweeps.plan verdict=NAME json=FILE`) flags an arm whose seed sd exceeds the sd its seeds
-were planned for (analysis/seed_plan.py).
 
 Exit status: 0 report written; 1 report written but no run was usable (it lists what was left out and why);
 2 nothing written: no experiment / no runs matched / bad filter / unknown baseline / missing store.
@@ -31,495 +24,108 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
-from analysis import common, context, known_results, ladder_report, protocol, scaling  # noqa: F401  (sections register)
-from analysis.document import (machine_counts, margin_text, p_text, params_vs, render_markdown, run_counts,
-                               signed_value, value)
-from analysis.engine import Context, Kind, build, section
-from analysis.floor import floor_for_runs, floor_line, headline
-from analysis.paired import UNPAIRED, load_paired
+from analysis.ablation import ABLATION
+from analysis.engine import Context, Options, build
+from analysis.known_results import KNOWN_RESULTS
+from analysis.ladder_report import LADDER
+from analysis.lr_hypothesis import MUP_HYPOTHESIS
+from analysis.lr_transfer import LR_TRANSFER
+from analysis.paired import load_paired
+from analysis.protocol import PROTOCOL
+from analysis.protocol_runs import is_protocol
 from analysis.seed_plan import load_plan
-from analysis.plots import loss_curves_figure, quality_figure, variant_styles
-from analysis.stats import COMPARE_METRICS, FRONTIERS, SUMMARY_METRICS, variant_table
-from analysis.verdict import VERDICT_METRIC, add_verdicts, resolve_margin
-from analysis.store import (AnalysisError, RunSet, default_baseline, display_uri, load_runs, order_variants,
-                            shorten, variant_labels)
+from analysis.store import AnalysisError, display_uri, load_runs
 
-LOSS_FIGURES = {"loss_vs_step": "step", "loss_vs_tokens": "tokens_seen", "loss_vs_time": "elapsed_sec"}
-QUALITY_FIGURES = {  # figure -> frontier name in stats.FRONTIERS
-    "quality_vs_kv_cache": "kv_cache",
-    "quality_vs_train_throughput": "train_throughput",
-    "quality_vs_decode_throughput": "decode_throughput",
-}
-TOP_FILES = ("index.md", "index.html", "summary.md", "summary.csv", "runs.csv", "left_out.csv", "scaling.csv")
-RUN_COLUMNS = ("variant", "label", "seed", "run_name", "run_id", "experiment", "git_commit", "git_dirty", "data_fingerprint",
-               "tokenizer", "precision", "device", "final_val_loss", "final_val_bpb", "final_tokens_per_sec",
-               "final_mfu", "params", "params_non_embedding", "flops_per_token", "kv_cache_bytes_per_token",
-               "prefill_tokens_per_sec", "decode_tokens_per_sec", "decode_tokens_per_sec_nocache")
-METRIC_NAMES = {
-    "final_val_bpb": "val bpb (bits/byte)",
-    "final_val_loss": "val loss (nats/token)",
-    "final_tokens_per_sec": "train tokens/s (unpaired)",
-}
-KIND = {"final_val_loss": "loss", "final_val_bpb": "loss", "final_mfu": "pct", "params": "int",
-        "kv_cache_bytes_per_token": "int", "final_tokens_per_sec": "rate", "decode_tokens_per_sec": "rate"}
+KINDS = {k.name: k for k in (ABLATION, PROTOCOL, KNOWN_RESULTS, LADDER, LR_TRANSFER, MUP_HYPOTHESIS)}
+OF_PROTOCOL = ("protocol", "known-results", "ladder")  # kinds that read a verdict protocol's runs
+OWN_STORE = ("lr-transfer", "mup-hypothesis")  # kinds that read their study's runs themselves (no RunSet)
 
 
-# ---------------------------------------------------------------- table cells
-def _mean_std(row, m: str) -> str:
-    kind = KIND.get(m, "rate")
-    mean, std, n = row[f"{m}_mean"], row[f"{m}_std"], row[f"{m}_n"]
-    if n == 0:
-        return "n/a"
-    if n == 1 or not np.isfinite(std) or std == 0:
-        return value(mean, kind)
-    return f"{value(mean, kind)} ± {value(std, kind)}"
-
-
-def _delta(row, m: str) -> tuple[str, str, str]:
-    """(difference [95% CI], p-value, verdict) strings for metric m of a table row."""
-    verdict = row[f"verdict_{m}"]
-    if verdict == "baseline":
-        return "baseline", "", ""
-    kind = KIND.get(m, "rate")
-    d, lo, hi, p = row[f"delta_{m}"], row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"], row[f"p_{m}"]
-    diff = signed_value(d, kind)
-    if np.isfinite(lo):
-        diff += f" [{signed_value(lo, kind)}, {signed_value(hi, kind)}]"
-    return diff, p_text(p), verdict
-
-
-def summary_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    headers = ["variant", "seeds"] + [label for _, label in SUMMARY_METRICS] + [
-        "Δ val bpb vs baseline [95% CI]", "p (Welch)", "p (Holm)", "margin", "p (TOST, Holm)", "verdict"]
-    rows = []
-    for _, r in table.iterrows():
-        seeds = f"{r['n_runs']} ({r['seeds'].replace(';', ', ')})" if r["seeds"] else str(r["n_runs"])
-        diff, p_welch, _ = _delta(r, VERDICT_METRIC)
-        if r["is_baseline"]:
-            tail = [diff, "", "", "", "", "baseline"]
-        else:
-            tail = [diff, p_welch, p_text(r[f"p_holm_{VERDICT_METRIC}"]), margin_text(r["margin"]),
-                    p_text(r[f"p_tost_holm_{VERDICT_METRIC}"]), f"**{r['verdict']}**"]
-        rows.append([f"`{r.get('label', r['variant'])}`", seeds] + [_mean_std(r, m) for m, _ in SUMMARY_METRICS]
-                    + tail)
-    return headers, rows
-
-
-def verdict_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Per non-baseline variant: every number behind its verdict (val bpb)."""
-    m = VERDICT_METRIC
-    headers = ["variant", "Δ val bpb", "95% Welch CI", "p (Welch)", "p (Holm)",
-               "90% CI (TOST)", "p (TOST)", "p (TOST, Holm)", "verdict", "params vs baseline"]
-    rows = []
-    base = table[table["is_baseline"]]
-    base_params = float(base["params_mean"].iloc[0]) if len(base) else float("nan")
-
-    def ci(lo, hi):
-        return "n/a" if not np.isfinite(lo) else f"[{signed_value(lo, 'loss')}, {signed_value(hi, 'loss')}]"
-
-    for _, r in table.iterrows():
-        if r["is_baseline"]:
-            continue
-        rows.append([f"`{r.get('label', r['variant'])}`", signed_value(r[f"delta_{m}"], "loss"),
-                     ci(r[f"delta_{m}_ci_low"], r[f"delta_{m}_ci_high"]), p_text(r[f"p_{m}"]), p_text(r[f"p_holm_{m}"]),
-                     ci(r[f"tost_ci_low_{m}"], r[f"tost_ci_high_{m}"]), p_text(r[f"p_tost_{m}"]),
-                     p_text(r[f"p_tost_holm_{m}"]), r["verdict"], params_vs(r["params_mean"], base_params)])
-    return headers, rows
-
-
-def comparison_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    headers = ["variant", "metric", "difference to baseline [95% CI]", "p (Welch)", "Welch test (unadjusted)"]
-    rows = []
-    for _, r in table.iterrows():
-        if r["is_baseline"]:
-            continue
-        for m in COMPARE_METRICS:
-            rows.append([f"`{r.get('label', r['variant'])}`", METRIC_NAMES.get(m, m), *_delta(r, m)])
-    return headers, rows
-
-
-def summary_markdown(table: pd.DataFrame) -> str:
-    """The per-variant table (mean ± std, difference to baseline) as Markdown."""
-    if table.empty:
-        return "No usable runs.\n"
-    return render_markdown([("table", *summary_rows(table))])
-
-
-def left_out_markdown(left_out: pd.DataFrame, shared=()) -> str:
-    """What was left out and why, as Markdown (variants shortened by the words `shared` by all results)."""
-    if left_out.empty:
-        return "Nothing was left out.\n"
-    return render_markdown([("table", *_left_out_rows(left_out, shared))])
-
-
-def _left_out_rows(lo: pd.DataFrame, shared=()):
-    rows = [[f"{shorten(r['run_name'], shared)} (`{r['run_id']}`)", f"`{shorten(r['variant'], shared)}`",
-             "" if pd.isna(r["seed"]) else str(r["seed"]), r["status"], r["scope"], r["reason"]]
-            for _, r in lo.iterrows()]
-    return ["run", "variant", "seed", "status", "scope", "reason"], rows
-
-
-# ---------------------------------------------------------------- the context of an ablation report
-def _figure_left_out(included: pd.DataFrame, hist: pd.DataFrame) -> list[dict]:
-    """Runs that are results but are missing from one figure (missing metric / history)."""
-    rows = []
-
-    def add(r, scope, reason):
-        rows.append({"run_id": r["run_id"], "run_name": r["run_name"], "variant": r["variant"], "seed": r["seed"],
-                     "status": r["status"], "scope": scope, "reason": reason})
-
-    keys = {rid: set(g["key"]) for rid, g in hist.groupby("run_id")} if len(hist) else {}
-    for _, r in included.iterrows():
-        have = keys.get(r["run_id"], set())
-        for fig, x in LOSS_FIGURES.items():
-            missing = [k for k in ("train/loss", "val/loss") if k not in have]
-            if x != "step" and x not in have:
-                missing.append(x)
-            if missing:
-                add(r, f"figure {fig}", "missing metric history " + ", ".join(missing))
-        for fig, frontier in QUALITY_FIGURES.items():
-            xm = FRONTIERS[frontier][0]
-            if not np.isfinite(float(r[xm])):
-                add(r, f"figure {fig}", f"missing metric {xm}")
-    return rows
-
-
-def _resolve_baseline(ctx: Context, variants: list) -> str | None:
-    """The asked-for baseline (a variant or its label), else the default one; AnalysisError when it has no runs."""
-    baseline = ctx.given_baseline
-    by_label = {lab: v for v, lab in ctx.labels.items()}
-    if baseline is not None and baseline not in variants and baseline in by_label:
-        baseline = by_label[baseline]
-    if baseline is not None and baseline not in variants:
-        raise AnalysisError(f"baseline variant {baseline!r} has no usable runs; variants with results: "
-                            + (", ".join(repr(ctx.labels[v]) for v in variants) or "none"))
-    return baseline if baseline is not None else default_baseline(ctx.included)
-
-
-def load_ablation(ctx: Context) -> None:
-    """Fill the context of an ablation report: baseline, labels, colours, the per-variant table with verdicts,
-    the left-out list (runs and figures), the n-gram floor. AnalysisError when nothing can be written."""
-    rs = ctx.runset
-    if rs.runs.empty:
-        raise AnalysisError(f"no runs for {rs.description} at {display_uri(rs.tracking_uri)}; nothing written")
-    included = rs.included
-    variants = order_variants(included["variant"].unique()) if len(included) else []
-    ctx.labels, ctx.shared = variant_labels(included)
-    ctx.baseline = _resolve_baseline(ctx, variants)
-    ctx.variants = order_variants(variants, ctx.baseline)
-    ctx.styles = variant_styles(ctx.variants)
-    table = variant_table(included, ctx.baseline)
-    if len(table):
-        table.insert(1, "label", table["variant"].map(ctx.labels))
-    try:
-        ctx.margin = resolve_margin(ctx.given_margin, included.get("verdict.margin", ()),
-                                    included.get("verdict.margin_reason", ()))
-    except ValueError as exc:
-        raise AnalysisError(str(exc)) from None
-    ctx.table = add_verdicts(table, included, ctx.baseline, ctx.margin)
-    included.insert(included.columns.get_loc("variant") + 1, "label", included["variant"].map(ctx.labels))
-    left_out = pd.concat([rs.left_out, pd.DataFrame(_figure_left_out(included, ctx.hist),
-                                                    columns=rs.left_out.columns)], ignore_index=True)
-    if len(left_out):
-        left_out["seed"] = left_out["seed"].astype("Int64")
-        left_out["_order"] = left_out["scope"] != "report"
-        left_out = left_out.sort_values(["_order", "scope", "variant", "seed", "run_id"], na_position="last")
-        left_out = left_out.drop(columns="_order").reset_index(drop=True)
-    ctx.left_out = left_out
-    ctx.floor = floor_for_runs(rs.tracking_uri, included)
-    ctx.floor_arms = [(f"`{ctx.labels.get(v, v)}`", m) for v, m in
-                      zip(ctx.table["variant"], ctx.table["final_val_bpb_mean"])] if len(ctx.table) else []
-    ctx.option_args = _option_args(ctx)
-
-
-def _option_args(ctx: Context) -> list[str]:
-    """The options the Regenerate command repeats: the filter, the baseline (always, by label), a margin given here,
-    the paired file."""
-    args = ["--filter", ctx.filter_string] if ctx.filter_string else []
-    if ctx.baseline:
-        args += ["--baseline", ctx.labels.get(ctx.baseline, ctx.baseline)]
-    if np.isfinite(ctx.margin.value) and ctx.margin.source.startswith("given"):
-        args += ["--margin", f"{ctx.margin.value:g}"]
-    return args + (["--paired", ctx.paired_path] if ctx.paired_path else [])
-
-
-def prepare(query: str, tracking_uri: str | None = None, baseline: str | None = None,
-            filter_string: str = "", margin: float | None = None, runset: RunSet | None = None) -> Context:
-    """The loaded context of an ablation report of `query` (experiment name or MLflow filter), for notebooks: runs,
-    baseline, labels, colours, the per-variant table, histories, what was left out. Raises AnalysisError when no run
-    matched or the baseline has no usable runs. `margin`: the equivalence margin in bits/byte (default: the one the
-    runs recorded, else none). `runset`: runs already loaded for this query."""
-    runset = runset if runset is not None else load_runs(query, tracking_uri, filter_string)
-    ctx = Context(out=None, runset=runset, query=runset.query, tracking_uri=runset.tracking_uri,
-                  filter_string=filter_string, given_baseline=baseline, given_margin=margin)
-    load_ablation(ctx)
-    return ctx
-
-
-# ---------------------------------------------------------------- sections
-@section("ablation.head")
-def head_section(ctx: Context) -> list:
-    rs, table = ctx.runset, ctx.table
-    inc, runs = rs.included, rs.runs
-    n_left = _n_left(ctx)
-    b: list = [("h1", f"Ablation report: {rs.description}")]
-    if len(table):
-        best = table.loc[table["final_val_bpb_mean"].idxmin()]
-        b.extend(headline(ctx.floor, float(best["final_val_bpb_mean"]),
-                          f"the best variant (`{ctx.labels.get(best['variant'], best['variant'])}`)"))
-    b.append(("p", f"MLflow tracking URI `{display_uri(rs.tracking_uri)}`; experiments: "
-                   + ", ".join(f"`{e}`" for e in sorted(runs["experiment"].astype(str).unique())) + ". "
-                   f"**{len(inc)}** finished runs of **{len(table)}** variants are results; "
-                   f"{n_left} of {len(runs)} matched runs were left out (see [Left out](#left-out))."))
-    if not len(inc):
-        b.append(("p", "**No usable runs**: no finished run with the required metrics (`final_val_loss`, "
-                       "`final_val_bpb`). Nothing to plot; see below for what was left out and why."))
-        return b
-    if ctx.shared:
-        b.append(("p", "Variants are named by their overrides (the MLflow `variant` tag) without those "
-                       "shared by all: `" + " ".join(ctx.shared) + "`."))
-    b.append(("p", f"Baseline variant: `{ctx.labels[ctx.baseline]}`. Values are mean ± std over seeds (sample std, "
-                   "ddof=1); differences are variant minus baseline with a 95% Welch confidence interval and "
-                   "Welch's t-test p-value; **not significant** means p ≥ 0.05; n/a with fewer than two "
-                   "seeds on either side. Train tokens/s are per run, from " + UNPAIRED + ": a difference "
-                   "between variants is not a speed comparison (see [Paired throughput](#paired-throughput))."))
-    m = ctx.margin
-    b.append(("p", f"**Verdict** (val bpb, lower is better), exactly one of *better*, *worse*, *equivalent within "
-                   f"±m*, *inconclusive*. Equivalence margin m = {margin_text(m.value)} bits/byte ({m.source}). "
-                   "Rule: *equivalent within ±m* when the TOST p-value (two one-sided Welch tests against ±m), "
-                   "Holm-adjusted across the variants, is < 0.05 (the 90% CI of the difference lies inside ±m); else "
-                   "*better* / *worse* when the Welch p-value, Holm-adjusted across the variants, is < 0.05; else "
-                   "*inconclusive*: neither a difference nor an equivalence was shown (a non-significant p is not "
-                   "evidence of no difference). With fewer than two seeds on either side: *inconclusive*."))
-    return b
-
-
-def _n_left(ctx: Context) -> int:
-    lo = ctx.left_out
-    return int((lo["scope"] == "report").sum()) if len(lo) else 0
-
-
-@section("ablation.results")
-def results_section(ctx: Context) -> list:
-    """The per-variant table, the floor, the differences and the verdicts; writes summary.md and the CSVs."""
-    table, inc = ctx.table, ctx.included
-    ctx.write("summary.csv", table.to_csv(index=False, float_format=None, lineterminator="\n"))
-    runs_csv = inc[[c for c in RUN_COLUMNS if c in inc.columns] + sorted(c for c in inc.columns
-                                                                        if c.startswith("choice."))]
-    ctx.write("runs.csv", runs_csv.to_csv(index=False, lineterminator="\n"))
-    ctx.write("left_out.csv", ctx.left_out.to_csv(index=False, lineterminator="\n"))
-    ctx.write("summary.md", summary_markdown(table))
-    if not len(inc):
-        return []
-    b: list = [("h2", "Results per variant"), ("table", *summary_rows(table))]
-    b.extend(common.floor_section(ctx))
-    h, r = comparison_rows(table)
-    if r:
-        b += [("p", "Differences to the baseline:"), ("table", h, r)]
-    h, r = verdict_rows(table)
-    if r:
-        b.append(("h2", "Verdicts"))
-        b.append(("p", "What each verdict rests on (val bpb, variant minus baseline): the 95% Welch CI "
-                       "(t-based, Welch-Satterthwaite df), the Welch and TOST p-values, Holm-adjusted across "
-                       "every non-baseline variant (one family)."))
-        b.append(("table", h, r))
-    b.append(("p", "Machine-readable: `summary.csv` (per variant), `runs.csv` (per run), `left_out.csv`."))
-    return b
-
-
-@section("ablation.quality")
-def quality_section(ctx: Context) -> list:
-    """Quality against KV-cache bytes and against training and decode throughput, with the Pareto-optimal variants."""
-    if not len(ctx.included):
-        return []
-    figures = {}
-    for name, frontier in QUALITY_FIGURES.items():
-        xm, maximize = FRONTIERS[frontier]
-        fig = quality_figure(ctx.included, ctx.table, ctx.styles, xm, maximize_x=maximize, labels=ctx.labels)
-        figures[name] = ctx.figure(fig, name)
-    b: list = [("h2", "Quality against KV-cache size"),
-               ("img", "val bpb against KV-cache bytes per token", figures["quality_vs_kv_cache"])]
-    for frontier, label in (("kv_cache", "val bpb vs KV-cache bytes/token"),
-                            ("train_throughput", "val bpb vs training tokens/s"),
-                            ("decode_throughput", "val bpb vs decode tokens/s")):
-        front = [f"`{v}`" for v in ctx.table.loc[ctx.table[f"pareto_{frontier}"], "label"]]
-        b.append(("p", f"Pareto-optimal variants ({label}): " + (", ".join(front) or "none") + "."))
-        if frontier == "kv_cache":
-            b.append(("h2", "Quality against throughput"))
-            b.append(("img", "val bpb against training tokens/s", figures["quality_vs_train_throughput"]))
-            b.append(("img", "val bpb against decode tokens/s", figures["quality_vs_decode_throughput"]))
-    return b
-
-
-SCALING_TOO_FEW = ("the baseline arm `{arm}` has runs at {levels} distinct training-compute value(s); a fit of "
-                   "L(C) = E + A C^-alpha needs >= {needed} (a ladder of model sizes or steps)")
-
-
-def scaling_fact(ctx: Context) -> scaling.Scaling:
-    """The runs' scaling (analysis.scaling.scaling_of), an arm being a variant without its ladder overrides (or the
-    verdict protocol's arm tag)."""
-    inc = ctx.included
-    arms = inc["variant"].map(scaling.arm_of)
-    if "verdict.arm" in inc:  # runs of the verdict protocol name their arm
-        arms = inc["verdict.arm"].where(inc["verdict.arm"].notna(), arms)
-    points = pd.DataFrame({"arm": arms.to_numpy(), "variant": inc["variant"].to_numpy(),
-                           "seed": inc["seed"].to_numpy(), "compute": scaling.run_compute(inc).to_numpy(),
-                           scaling.METRIC: inc[scaling.METRIC].astype(float).to_numpy()})
-    base = points.loc[points["variant"] == ctx.baseline, "arm"]
-    return scaling.scaling_of(points, base.iloc[0] if len(base) else scaling.arm_of(ctx.baseline), SCALING_TOO_FEW)
-
-
-@section("ablation.scaling")
-def scaling_section(ctx: Context) -> list:
-    if not len(ctx.included):
-        return []
-    sc = ctx.once(scaling_fact)
-    b: list = [("h2", "Scaling with compute")]
-    if sc.ok:
-        b.append(("p", "Final val loss (nats/token) against training compute C = flops_per_token × tokens seen, per "
-                       "arm (a variant without its model-size / step overrides)."))
-    b.extend(common.scaling_blocks(ctx, sc, list(sc.table["arm"]) if sc.ok else []))
-    return b + ([("p", "Machine-readable: `scaling.csv`.")] if sc.ok else [])
-
-
-@section("ablation.paired")
-def paired_section(ctx: Context) -> list:
-    return common.paired_section(ctx) if len(ctx.included) else []
-
-
-@section("ablation.loss_curves")
-def loss_curves_section(ctx: Context) -> list:
-    if not len(ctx.included):
-        return []
-    figures = {name: ctx.figure(loss_curves_figure(ctx.hist, ctx.included, ctx.styles, x=x, labels=ctx.labels), name)
-               for name, x in LOSS_FIGURES.items()}
-    return [("h2", "Loss curves"), ("p", "Mean over seeds; the band is ±1 std over seeds."),
-            ("img", "train and val loss against step", figures["loss_vs_step"]),
-            ("img", "train and val loss against training tokens", figures["loss_vs_tokens"]),
-            ("img", "train and val loss against wall-clock time", figures["loss_vs_time"])]
-
-
-@section("ablation.provenance")
-def provenance_section(ctx: Context) -> list:
-    inc, runs = ctx.included, ctx.runset.runs
-    src = inc if len(inc) else runs
-    commits = src["git_commit"].fillna("(not recorded)").astype(str) + np.where(
-        src["git_dirty"].astype(str).str.lower() == "true", " (dirty)", "")
-    b: list = [("h2", "Provenance"),
-               ("p", "Git commits of the " + ("results" if len(inc) else "matched runs") + ":"),
-               ("ul", run_counts(commits)), ("p", "Data fingerprints:"),
-               ("ul", run_counts(src["data_fingerprint"].fillna("(not recorded)").astype(str))),
-               ("p", "Machines (the runs' `device_name`; variants):"),
-               ("ul", machine_counts(src.assign(label=[ctx.labels.get(v, shorten(v, ctx.shared))
-                                                       for v in src["variant"]]), "label")),
-               ("h2", "Left out")]
-    lo = ctx.left_out
-    if not len(lo):
-        return b + [("p", f"Nothing: all {len(runs)} matched runs are finished, have the required metrics and "
-                          "appear in every figure.")]
-    return b + [("p", "Runs not shown as results (scope `report`) or missing from one figure, and why:"),
-                ("table", *_left_out_rows(lo, ctx.shared))]
-
-
-def ablation_summary(ctx: Context) -> list[str]:
-    rs = ctx.runset
-    lines = [f"report for {rs.description}: {len(rs.included)} runs of {len(ctx.table)} variants, "
-             f"{_n_left(ctx)} left out -> {ctx.out / 'index.md'}"]
-    if ctx.baseline:
-        lines.append(f"verdicts on {VERDICT_METRIC}: equivalence margin {margin_text(ctx.margin.value)} bits/byte "
-                     f"({ctx.margin.source})")
-    if len(rs.included):
-        lines.append(f"scaling: {ctx.once(scaling_fact).summary}")
-    return lines + floor_line(ctx.floor)
-
-
-ABLATION = Kind("ablation", load_ablation, lambda ctx: f"Ablation report: {ctx.runset.description}",
-                ("ablation.head", "ablation.results", "ablation.quality", "ablation.scaling", "ablation.paired",
-                 "context_length", "ablation.loss_curves", "ablation.provenance", "regenerate"),
-                summary=ablation_summary, exit_code=lambda ctx: 0 if len(ctx.included) else 1,
-                files=TOP_FILES + (context.CSV,),
-                figures=tuple(LOSS_FIGURES) + tuple(QUALITY_FIGURES) + (common.SCALING_FIGURE,) + context.FIGURES)
-
-
-# ---------------------------------------------------------------- the command
-# chosen with --kind; else ablation or protocol by the runs
-KINDS = {"known-results": known_results.KNOWN_RESULTS, "ladder": ladder_report.LADDER}
 def build_report(query: str, out: str | Path, baseline: str | None = None, tracking_uri: str | None = None,
                  filter_string: str = "", formats=("png",), margin: float | None = None,
                  paired: str | None = None, kind: str = "auto", plan: str | None = None,
-                 held_out: str | None = None) -> Context:
-    """Read the runs, write every file of the report into `out`, return its context (`.kind` says which report:
-    the protocol's when the runs come from the verdict protocol; `kind="known-results"`: analysis/known_results.py).
+                 held_out: str | None = None, script: str = "", previous: str | None = None) -> Context:
+    """Read the runs, write every file of the report into `out`, return its context (`.kind` says which report).
     Raises AnalysisError when nothing can be written (no such experiment, no runs, unknown baseline, bad margin,
-    unreadable --paired file, a known-results report of runs that are no verdict protocol's, ...)."""
-    paired_res = load_paired(paired) if paired else None  # a bad file fails before anything is read or written
-    plan_res = load_plan(plan) if plan else None
+    unreadable --paired file, a protocol kind asked of runs that are no verdict protocol's, ...)."""
+    options = Options(query=query, tracking_uri=tracking_uri or "", filter_string=filter_string,
+                      formats=tuple(formats), baseline=baseline, margin=margin, paired_path=paired,
+                      paired=load_paired(paired) if paired else None,  # a bad file fails before anything is read
+                      plan_path=plan, plan=load_plan(plan) if plan else None, held_out=held_out, script=script,
+                      previous=previous)
+    if kind in OWN_STORE:
+        return build(KINDS[kind], Context(out=Path(out), options=options))
     runset = load_runs(query, tracking_uri, filter_string)
     if runset.runs.empty:
         raise AnalysisError(f"no runs for {runset.description} at {display_uri(runset.tracking_uri)}; "
                             "nothing written")
-    if kind in KINDS and not protocol.is_protocol(runset):
+    if kind in OF_PROTOCOL and not is_protocol(runset):
         raise AnalysisError(f"--kind {kind}: the runs of {runset.description} carry no verdict.protocol tag; "
                             "report a verdict protocol's runs (python -m sweeps.verdict verdict=known-results)")
-    kind = KINDS.get(kind) or (protocol.PROTOCOL if protocol.is_protocol(runset) else ABLATION)
-    if plan and kind is ABLATION:
+    if kind == "auto":
+        kind = "protocol" if is_protocol(runset) else "ablation"
+    if plan and kind == "ablation":
         raise AnalysisError(f"--plan {plan}: the runs of {runset.description} carry no verdict.protocol tag; a seed "
                             "plan belongs to a verdict protocol's report (drop --plan)")
-    ctx = Context(out=Path(out), runset=runset, query=runset.query, tracking_uri=runset.tracking_uri,
-                  filter_string=filter_string, formats=tuple(formats), paired_path=paired, paired=paired_res,
-                  plan_path=plan, plan=plan_res,
-                  given_baseline=baseline, given_margin=margin, kind=kind,
-                  sources={"held-out": held_out} if held_out else {})
-    return build(kind, ctx)
+    options = replace(options, query=runset.query, tracking_uri=runset.tracking_uri)
+    return build(KINDS[kind], Context(out=Path(out), options=options, runset=runset))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("words", nargs="+", metavar="[KIND] QUERY",
+                   help=f"the report kind ({', '.join(['auto', *KINDS])}; default auto) and the MLflow experiment "
+                        "name or search filter")
+    p.add_argument("--kind", default=None, choices=("auto", *KINDS), help="the kind, older spelling of KIND")
+    p.add_argument("--out", default=None, help="output folder (default: reports/<experiment>)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    p.add_argument("--filter", default="", help="extra MLflow filter string on the experiment's runs")
+    p.add_argument("--format", action="append", choices=("png", "svg", "pdf"), dest="formats",
+                   help="figure format(s); repeatable (default: png)")
+    p.add_argument("--baseline", default=None,
+                   help="variant (ablation) or arm (protocol kinds) to compare against (default: a variant named "
+                        "'baseline', else the one closest to the GPT-2 choices, else the first by name; a protocol's "
+                        "recorded baseline arm)")
+    p.add_argument("--margin", type=float, default=None,
+                   help="equivalence margin m in bits/byte for the verdicts (default: the one the runs recorded "
+                        "before they ran, else none: no equivalence is tested)")
+    p.add_argument("--paired", default=None, metavar="FILE",
+                   help="a paired throughput measurement: the JSON of python -m ablations.paired --json FILE")
+    p.add_argument("--plan", default=None, metavar="FILE",
+                   help="a verdict protocol's seed plan: the JSON of python -m sweeps.plan verdict=NAME json=FILE; "
+                        "the verdicts flag an arm whose seed sd exceeds the sd it was planned for")
+    p.add_argument("--held-out", default=None, metavar="EXPERIMENT=STORE",
+                   help="ladder: the largest rung from another store's verdict protocol (STORE: a tracking URI or "
+                        "an SQLite file, .db or .db.gz), e.g. known-results=reports/known-results/mlflow.db.gz")
+    p.add_argument("--script", default="", help="lr-transfer: the script whose --report regenerates the page")
+    p.add_argument("--previous", default=None,
+                   help="mup-hypothesis: an earlier lr-transfer report's folder, relative to --out, to show")
+    return p
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("query", help="MLflow experiment name, or an MLflow search filter over all experiments")
-    parser.add_argument("--out", default=None, help="output folder (default: reports/<experiment>)")
-    parser.add_argument("--baseline", default=None,
-                        help="variant to compare against (default: a variant named 'baseline', else the one "
-                             "closest to the GPT-2 choices learned/layernorm/gelu/mha, else the first by name)")
-    parser.add_argument("--tracking-uri", default=None,
-                        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
-    parser.add_argument("--filter", default="", help="extra MLflow filter string on the experiment's runs")
-    parser.add_argument("--format", action="append", choices=("png", "svg", "pdf"), dest="formats",
-                        help="figure format(s); repeatable (default: png)")
-    parser.add_argument("--margin", type=float, default=None,
-                        help="equivalence margin m in bits/byte for the verdicts (default: the one the runs "
-                             "recorded before they ran, else none: no equivalence is tested)")
-    parser.add_argument("--paired", default=None, metavar="FILE",
-                        help="a paired throughput measurement: the JSON of python -m ablations.paired --json FILE")
-    parser.add_argument("--plan", default=None, metavar="FILE",
-                        help="a verdict protocol's seed plan: the JSON of python -m sweeps.plan verdict=NAME "
-                             "json=FILE; the verdicts flag an arm whose seed sd exceeds the sd it was planned for")
-    parser.add_argument("--kind", default="auto", choices=("auto", *KINDS),
-                        help="the report kind (default: ablation, or protocol when the runs carry verdict.protocol; "
-                             "known-results: the published findings of analysis/literature.py against a protocol's "
-                             "runs; ladder: each arm's Δ against model size over a protocol's >= 4 sizes, "
-                             "analysis/ladder_report.py)")
-    parser.add_argument("--held-out", default=None, metavar="EXPERIMENT=STORE",
-                        help="--kind ladder: the largest rung from another store's verdict protocol (STORE: a "
-                             "tracking URI or an SQLite file, .db or .db.gz), e.g. "
-                             "known-results=reports/known-results/mlflow.db.gz")
-    args = parser.parse_args(argv)
-    if args.held_out and args.kind != "ladder":
-        print(f"analysis.report: error: --held-out {args.held_out}: only --kind ladder reads a held-out rung; add "
-              "--kind ladder", file=sys.stderr)
+    ap = parser()
+    args = ap.parse_args(argv)
+    if len(args.words) > 2 or (len(args.words) == 2 and (args.words[0] not in ("auto", *KINDS) or args.kind)):
+        ap.error(f"expected [KIND] QUERY with KIND one of {', '.join(['auto', *KINDS])} (or QUERY --kind KIND), "
+                 f"got {' '.join(args.words)}")
+    kind, query = (args.words if len(args.words) == 2 else [args.kind or "auto", args.words[0]])
+    if args.held_out and kind != "ladder":
+        print(f"analysis.report: error: --held-out {args.held_out}: only the ladder kind reads a held-out rung; "
+              "use python -m analysis.report ladder QUERY", file=sys.stderr)
         return 2
-    out = args.out or str(Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", args.query).strip("_") or "report"))
+    out = args.out or str(Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", query).strip("_") or "report"))
     try:
-        ctx = build_report(args.query, out, baseline=args.baseline, tracking_uri=args.tracking_uri,
+        ctx = build_report(query, out, baseline=args.baseline, tracking_uri=args.tracking_uri,
                            filter_string=args.filter, formats=tuple(args.formats or ("png",)),
-                           margin=args.margin, paired=args.paired, kind=args.kind, plan=args.plan,
-                           held_out=args.held_out)
+                           margin=args.margin, paired=args.paired, kind=kind, plan=args.plan,
+                           held_out=args.held_out, script=args.script, previous=args.previous)
     except AnalysisError as exc:
         print(f"analysis.report: error: {exc}", file=sys.stderr)
         return 2

@@ -65,16 +65,16 @@ def over_plan(table, plan: dict, baseline: str) -> list[dict]:
     return out
 
 
-def plan_blocks(ctx) -> list:
-    """One paragraph under the verdicts: which arms' seed sd exceeds the sd they were planned for (or that none
+def plan_blocks(ctx, table) -> list:
+    """One paragraph under the verdict table: which arms' seed sd exceeds the sd they were planned for (or that none
     does); nothing without --plan."""
-    plan, table = ctx.plan, ctx.table
+    plan = ctx.options.plan
     if plan is None or table is None or not len(table):
         return []
     sd_from = (f"one sd given for every arm, plan.sd={plan['sd_given']:g}" if plan.get("sd_given") is not None
                else SD_AT.get(plan.get("sd_at"), f"plan.sd_at={plan.get('sd_at')}"))
-    how = (f"`{ctx.plan_path}` (`python -m sweeps.plan`, {sd_from}: the sds at which each size's seed count gives "
-           "the planned power)")
+    how = (f"`{ctx.options.plan_path}` (`python -m sweeps.plan`, {sd_from}: the sds at which each size's seed count "
+           "gives the planned power)")
     over = over_plan(table, plan, ctx.baseline)
     if not over:
         return [("p", f"**Seed sds within the plan**: no arm's seed sd exceeds the sd its seeds were planned for, "

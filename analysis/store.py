@@ -381,7 +381,7 @@ def metric_histories(run_ids, keys=STEP_METRICS, tracking_uri: str | None = None
 
 def history_of(ctx) -> pd.DataFrame:
     """The step-metric histories of a report's results (analysis/engine.py: read once, as `ctx.hist`)."""
-    included = ctx.runset.included
+    included = ctx.runs
     if not len(included):
         return pd.DataFrame(columns=["run_id", "key", "step", "value", "timestamp"])
     return metric_histories(included["run_id"], tracking_uri=ctx.runset.tracking_uri)

@@ -46,5 +46,5 @@ fi
 python -m sweeps.plan verdict=$name pilot_uri=sqlite:///study/recipe-pilot/mlflow.db json="reports/$name/plan.json" \
   > "reports/$name/plan.txt"
 rm -rf "reports/$name/report"
-MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report $name --kind known-results \
+MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report known-results $name \
   --out "reports/$name/report" --paired "reports/$name/paired.json" --plan "reports/$name/plan.json"

@@ -320,8 +320,9 @@ def test_a_protocol_row_reads_the_verdict_size_not_the_smallest(tmp_path):
     `m`."""
     from mlflow.tracking import MlflowClient
 
-    from analysis.engine import Context
-    from analysis.known_results import load_known, protocol_row
+    from analysis.engine import Context, Options
+    from analysis.known_results import protocol_row
+    from analysis.protocol import load_protocol, verdict_table
     from analysis.literature import FINDINGS
     from analysis.store import load_runs
 
@@ -337,9 +338,10 @@ def test_a_protocol_row_reads_the_verdict_size_not_the_smallest(tmp_path):
                     "variant": f"{size} {arm} optim.lr=0.006"}
                 log_run(client, exp, T0, tags, 0.006, seed, bpb, arm)
     runset = load_runs("two-sizes", uri)
-    ctx = Context(out=None, runset=runset, query=runset.query, tracking_uri=uri)
-    load_known(ctx)
-    rope = ctx.table[ctx.table["arm"] == "rope"].set_index("size")["verdict"]
+    ctx = Context(out=None, runset=runset, options=Options(query=runset.query, tracking_uri=uri))
+    load_protocol(ctx)
+    table = ctx.once(verdict_table)
+    rope = table[table["arm"] == "rope"].set_index("size")["verdict"]
     assert list(rope.index) == ["s", "m"] and rope["s"] == "inconclusive" and rope["m"] == "better"
     row = protocol_row(ctx, next(f for f in FINDINGS if f.key == "rope"))
     assert row["verdict"] == "better" and row["agreement"] == "agree"

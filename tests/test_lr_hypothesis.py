@@ -7,6 +7,7 @@ import pytest
 
 from analysis import lr_hypothesis as lh
 from analysis import lr_transfer as lt
+from analysis.document import render_markdown
 
 GRID = [2.0 ** e for e in range(-9, -4)]  # steps 0..4
 SEED_NOISE = {0: -0.005, 1: 0.005}        # the seed range at every point: 0.01
@@ -62,7 +63,7 @@ def test_page_states_the_hypothesis_and_each_verdict():
                            {("mup", 32): 2.5, ("mup", 64): 2.4, ("mup", 256): 2.3, ("sp", 32): 2.5,
                             ("sp", 64): 2.4, ("sp", 256): 2.305}))
     opt = lt.optima(cur)
-    text = lh.page(lh.judge(cur, opt, lt.transfer(opt)), "..")
+    text = render_markdown(lh.page_blocks(lh.judge(cur, opt, lt.transfer(opt)), ".."))
     assert "## Hypothesis (stated before the runs)" in text
     assert "![the earlier study's figure](../lr_transfer.svg)" in text
     assert "- **(b) held** for AdamW: at width 256 (final val loss, nats per token), μP at the transferred lr " \

@@ -227,7 +227,7 @@ def test_margin_option_is_flagged_and_wide_margins_need_an_argument(built):
     assert row(table, "s", "rmsnorm")["verdict"] == "equivalent within ±0.05"
     from analysis.engine import Context
 
-    ctx = Context(Path("."), runset=p.runset, protocol=p, table=table, margin=mg)
+    ctx = Context(Path("."), runset=p.runset, extra=p, margin=mg)
     text = " ".join(b[1] for b in protocol._margin_blocks(ctx))
     assert "**Wide margin**" in text and "`m` (2.7% of 1.8300)" in text  # 0.05 > 1% of every baseline mean
 

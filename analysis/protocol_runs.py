@@ -1,0 +1,123 @@
+"""A verdict protocol's runs (`python -m sweeps.verdict`: tagged `verdict.*`), split by stage, with the design they
+recorded before they ran: sizes (smallest budget first), arms and families, the baseline arm, the declared Holm family
+and primary comparisons, whether a paired test was declared. The protocol kinds' extra (analysis/engine.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analysis.store import AnalysisError, RunSet
+
+STAGE_LR, STAGE_SEEDS = "lr", "seeds"
+
+
+def is_protocol(runset: RunSet) -> bool:
+    """Whether the matched runs come from the verdict protocol (any run tagged `verdict.protocol`)."""
+    runs = runset.runs
+    return "verdict.protocol" in runs and bool(runs["verdict.protocol"].notna().any())
+
+
+def lr_key(v) -> float:
+    """lrs compare by value, not by spelling ('0.006' param, '6e-03' tag): 6 significant digits."""
+    v = float(v)
+    return float(f"{v:.6g}") if math.isfinite(v) else math.nan
+
+
+@dataclass
+class ProtocolRuns:
+    """The runs of one protocol, split by stage, with its sizes (smallest budget first), arms and families."""
+
+    name: str
+    runset: RunSet
+    seeds: pd.DataFrame  # FINISHED seeds-stage runs with the required metrics: the statistics use only these
+    lr: pd.DataFrame  # FINISHED lr-stage runs with the required metrics
+    lr_failed: pd.DataFrame  # lr-stage runs that are not results (FAILED, KILLED, ...)
+    sizes: list
+    baseline: str
+    arms: list  # baseline first, then by (family, name)
+    family: dict  # arm -> family
+    left_out: pd.DataFrame
+    holm: str = "study"  # the declared Holm family (verdict.holm): study | size | arm-family
+    holm_source: str = ""  # how it is known, in words
+    primary_arms: tuple = ()  # () = every non-baseline arm
+    primary_sizes: tuple = ()  # () = every size
+    paired: bool = False  # a paired test declared before the runs (verdict.paired): arms share each seed's data
+
+    def results(self) -> pd.DataFrame:
+        """Every run that is a result, both stages (seeds first)."""
+        return pd.concat([self.seeds, self.lr], ignore_index=True)
+
+
+def declared(inc: pd.DataFrame) -> dict:
+    """The Holm family and primary comparisons the runs recorded (verdict.holm, verdict.primary); the default when
+    they recorded none (runs from before the tags): one family of every comparison. AnalysisError if they differ.
+    `paired`: whether they recorded a paired test declared before the runs (verdict.paired = true)."""
+    holm = sorted(set(inc.get("verdict.holm", pd.Series(dtype=object)).dropna().astype(str)))
+    prim = sorted(set(inc.get("verdict.primary", pd.Series(dtype=object)).dropna().astype(str)))
+    if len(holm) > 1 or len(prim) > 1:
+        raise AnalysisError(f"the runs recorded different Holm families ({', '.join(holm + prim)}): one protocol "
+                            "declares one family; report its runs of one declaration with --filter")
+    paired = {"paired": "true" in set(inc.get("verdict.paired", pd.Series(dtype=object)).dropna().astype(str))}
+    if not holm:
+        return {"holm": "study", "holm_source": "not declared before the runs (no verdict.holm tag): the default, "
+                                                "every comparison of the study in one family"} | paired
+    parts = dict(kv.split("=", 1) for kv in (prim[0].split(";") if prim else []) if "=" in kv)
+
+    def names(key):
+        v = parts.get(key, "*")
+        return () if v in ("*", "") else tuple(v.split(","))
+
+    return {"holm": holm[0], "holm_source": "declared before the runs (verdict.holm, verdict.primary)",
+            "primary_arms": names("arms"), "primary_sizes": names("sizes")} | paired
+
+
+def select(runset: RunSet, baseline: str | None = None) -> ProtocolRuns:
+    """The protocol's runs from a RunSet (AnalysisError when several protocols match or the baseline is unknown).
+    Runs without protocol tags are left out, with the reason."""
+    runs, inc = runset.runs, runset.included
+    names = sorted(runs["verdict.protocol"].dropna().astype(str).unique())
+    if len(names) > 1:
+        raise AnalysisError(f"runs of {len(names)} verdict protocols match ({', '.join(names)}); report one with "
+                            f"--filter \"tags.`verdict.protocol` = '{names[0]}'\"")
+    name = names[0]
+    lo = runset.left_out.copy()
+    foreign = inc[inc["verdict.protocol"] != name]
+    if len(foreign):
+        extra = pd.DataFrame({"run_id": foreign["run_id"], "run_name": foreign["run_name"],
+                              "variant": foreign["variant"], "seed": foreign["seed"], "status": foreign["status"],
+                              "scope": "report", "reason": f"not a run of the verdict protocol `{name}`"})
+        lo = pd.concat([lo, extra], ignore_index=True)
+    inc = inc[inc["verdict.protocol"] == name].copy()
+    missing = inc[inc["verdict.arm"].isna() | inc["verdict.size"].isna() | ~inc["verdict.stage"].isin(
+        [STAGE_LR, STAGE_SEEDS])]
+    if len(missing):
+        extra = pd.DataFrame({"run_id": missing["run_id"], "run_name": missing["run_name"],
+                              "variant": missing["variant"], "seed": missing["seed"], "status": missing["status"],
+                              "scope": "report", "reason": "verdict.arm, verdict.size or verdict.stage tag missing"})
+        lo = pd.concat([lo, extra], ignore_index=True)
+        inc = inc.drop(missing.index)
+    if len(lo):
+        lo["seed"] = lo["seed"].astype("Int64")
+        lo = lo.sort_values(["variant", "seed", "run_id"], na_position="last").reset_index(drop=True)
+    inc["lr_value"] = inc["optim.lr"].map(lr_key)
+    seeds = inc[inc["verdict.stage"] == STAGE_SEEDS].reset_index(drop=True)
+    lr = inc[inc["verdict.stage"] == STAGE_LR].reset_index(drop=True)
+    mine = runs[(runs["verdict.protocol"] == name) & (runs["verdict.stage"] == STAGE_LR)]
+    lr_failed = mine[~mine["run_id"].isin(inc["run_id"])].assign(lr_value=lambda f: f["optim.lr"].map(lr_key))
+    budgets = inc.groupby("verdict.size")["verdict.budget_flops"].first().map(
+        lambda b: float(b) if b is not None else math.inf)
+    sizes = sorted(budgets.index, key=lambda s: (budgets[s], s))
+    family = {a: str(f) for a, f in inc.groupby("verdict.arm")["verdict.family"].first().items()}
+    tagged = sorted(inc["verdict.baseline"].dropna().astype(str).unique())
+    if baseline is None:
+        if len(tagged) != 1:
+            raise AnalysisError(f"the runs name {len(tagged)} baseline arms ({', '.join(tagged) or 'none'}); "
+                                "choose one with --baseline ARM")
+        baseline = tagged[0]
+    if baseline not in family:
+        raise AnalysisError(f"baseline arm {baseline!r} has no usable runs; arms: {', '.join(sorted(family))}")
+    arms = [baseline] + sorted((a for a in family if a != baseline), key=lambda a: (family[a], a))
+    return ProtocolRuns(name, runset, seeds, lr, lr_failed, sizes, baseline, arms, family, lo, **declared(inc))
