@@ -18,8 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import common, context, scaling  # context: its section registers
-from analysis.document import (machine_counts, margin_text, p_text, params_vs, render_markdown, run_counts,
-                               signed_value, value)
+from analysis.document import margin_text, p_text, params_vs, render_markdown, signed_value, value
 from analysis.engine import Context, Kind, section
 from analysis.floor import floor_for_runs, floor_line, headline
 from analysis.paired import UNPAIRED
@@ -389,17 +388,11 @@ def loss_curves_section(ctx: Context) -> list:
 
 @section("ablation.provenance")
 def provenance_section(ctx: Context) -> list:
-    inc, runs = ctx.runs, ctx.runset.runs
+    inc, runs, ab = ctx.runs, ctx.runset.runs, ctx.extra
     src = inc if len(inc) else runs
-    commits = src["git_commit"].fillna("(not recorded)").astype(str) + np.where(
-        src["git_dirty"].astype(str).str.lower() == "true", " (dirty)", "")
-    b: list = [("h2", "Provenance"),
-               ("p", "Git commits of the " + ("results" if len(inc) else "matched runs") + ":"),
-               ("ul", run_counts(commits)), ("p", "Data fingerprints:"),
-               ("ul", run_counts(src["data_fingerprint"].fillna("(not recorded)").astype(str))),
-               ("p", "Machines (the runs' `device_name`; variants):"),
-               ("ul", machine_counts(src.assign(label=[ctx.extra.labels.get(v, shorten(v, ctx.extra.shared))
-                                                       for v in src["variant"]]), "label")),
+    labels = [ab.labels.get(v, shorten(v, ab.shared)) for v in src["variant"]]
+    b: list = [("h2", "Provenance"), *common.provenance_blocks(src, "results" if len(inc) else "matched runs",
+                                                               "variants", labels),
                ("h2", "Left out")]
     lo = ctx.left_out
     if not len(lo):

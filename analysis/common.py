@@ -10,8 +10,9 @@ from __future__ import annotations
 import shlex
 
 import numpy as np
+import pandas as pd
 
-from analysis.document import fit_param, fixed, identifiability_blocks, multiplier_text, sci
+from analysis.document import fit_param, fixed, identifiability_blocks, machine_counts, multiplier_text, run_counts, sci
 from analysis.engine import section
 from analysis.floor import FLOOR_COMMAND, floor_blocks
 from analysis.paired import paired_blocks
@@ -29,6 +30,21 @@ def floor_section(ctx) -> list:
 @section("paired")
 def paired_section(ctx) -> list:
     return paired_blocks(ctx.options.paired, ctx.options.paired_path)
+
+
+def commits(runs) -> pd.Series:
+    """Each run's git commit, " (dirty)" when it ran with uncommitted changes."""
+    dirty = runs["git_dirty"].astype(str).str.lower() == "true"
+    return runs["git_commit"].fillna("(not recorded)").astype(str) + np.where(dirty, " (dirty)", "")
+
+
+def provenance_blocks(runs, of: str, by: str, group) -> list:
+    """Where the runs came from: their git commits, data fingerprints and machines (`device_name`), each machine
+    with the `group` values (one per run, described by `by`) that ran on it."""
+    return [("p", f"Git commits of the {of}:"), ("ul", run_counts(commits(runs))), ("p", "Data fingerprints:"),
+            ("ul", run_counts(runs["data_fingerprint"].fillna("(not recorded)").astype(str))),
+            ("p", f"Machines (the runs' `device_name`; {by}):"),
+            ("ul", machine_counts(runs.assign(group=list(group)), "group"))]
 
 
 SCALING_FIGURE = "loss_vs_compute"

@@ -39,6 +39,7 @@ from analysis.document import ci_text, fixed, p_text, signed
 from analysis.engine import Context, Kind, section
 from analysis.known_results import BASELINE_BEATS_ORDER, BELOW_TRIGRAM, MAX_EPOCHS
 from analysis.literature import EXPECTED
+from analysis.protocol_runs import is_protocol
 from analysis.store import AnalysisError, load_runs
 from analysis.verdict import VERDICT_METRIC, resolve_margin
 
@@ -83,7 +84,7 @@ def held_out_of(ctx: Context) -> HeldOut | None:
                 with gzip.open(store) as src, open(db, "wb") as dst:
                     shutil.copyfileobj(src, dst)
             runset = load_runs(experiment, f"sqlite:///{db.resolve()}")
-    if not protocol.is_protocol(runset):
+    if not is_protocol(runset):
         raise AnalysisError(f"--held-out {source}: its runs carry no verdict.protocol tag")
     p = protocol.select(runset)
     try:

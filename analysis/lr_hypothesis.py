@@ -25,7 +25,6 @@ Losses are analysis.lr_transfer's final val loss in nats per token (not bits per
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 

@@ -28,165 +28,25 @@ sections, in order (analysis/engine.py):
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 
-from analysis import common, forest, scaling  # noqa: F401  (common: its sections register)
-from analysis.document import (ci_text, fixed, machine_counts, machine_of, margin_text, mean_std, p_text, params_vs,
-                               run_counts, sci, signed)
+from analysis import common, forest, lr_search, scaling  # noqa: F401  (common, lr_search: sections register)
+from analysis.document import ci_text, machine_of, margin_text, mean_std, p_text, params_vs, sci, signed
 from analysis.engine import Context, Kind, section
 from analysis.floor import floor_for_runs, floor_line, headline
 from analysis.paired import UNPAIRED
 from analysis.seed_plan import check_protocol, plan_blocks
-from analysis.stats import paired_t
-from analysis.protocol_runs import STAGE_LR, STAGE_SEEDS, ProtocolRuns, is_protocol, lr_key, select  # noqa: F401
+from analysis.protocol_runs import ProtocolRuns, select, verdicts
 from analysis.store import AnalysisError, display_uri
-from analysis.verdict import VERDICT_METRIC, WIDE_MARGIN, Margin, compare_pairs, resolve_margin
+from analysis.verdict import VERDICT_METRIC, WIDE_MARGIN, resolve_margin
 
-FILES = ("index.md", "index.html", forest.CSV, "verdicts.csv", "lr_search.csv", "scaling.csv", "scaling_points.csv", "runs.csv",
-         "left_out.csv")
+FILES = ("index.md", "index.html", forest.CSV, "verdicts.csv", "lr_search.csv", "scaling.csv", "scaling_points.csv",
+         "runs.csv", "left_out.csv")
 RUN_COLUMNS = ("verdict.protocol", "verdict.size", "verdict.family", "verdict.arm", "verdict.stage", "seed",
                "optim.lr", "verdict.budget_flops", "run_id", "run_name", "git_commit", "git_dirty",
                "data_fingerprint", "precision", "device", "final_val_loss", "final_val_bpb", "params",
                "flops_per_token", "flops_seen", "tokens_seen", "final_tokens_per_sec")
-
-
-# ---------------------------------------------------------------------------------------------------- statistics
-def _arm_lr(runs: pd.DataFrame) -> float:
-    tags = runs["verdict.lr"].dropna()
-    vals = sorted({lr_key(v) for v in tags} or set(runs["lr_value"].dropna()))
-    return vals[0] if len(vals) == 1 else math.nan
-
-
-def _params(runs: pd.DataFrame) -> float:
-    v = runs["params"].astype(float)
-    v = v[np.isfinite(v)]
-    return float(v.iloc[0]) if len(v) else math.nan
-
-
-def family_of(p: ProtocolRuns, size: str, arm: str) -> str:
-    """The Holm family a comparison belongs to, as the protocol declared it (`verdict.holm`, `verdict.primary`):
-    `study` (every primary comparison), `size <s>`, `<family> at <s>`; the non-primary ones form `secondary`."""
-    if (p.primary_arms and arm not in p.primary_arms) or (p.primary_sizes and size not in p.primary_sizes):
-        return "secondary"
-    if p.holm == "size":
-        return f"size {size}"
-    if p.holm == "arm-family":
-        return f"{p.family[arm]} at {size}"
-    return "study"
-
-
-def verdicts(p: ProtocolRuns, margin: Margin) -> pd.DataFrame:
-    """One row per (size, arm) of the seeds stage; every non-baseline arm against the baseline at that size, its
-    p-values Holm-adjusted within its declared family (`family_of`), its Δ with a 95% Welch CI."""
-    m = VERDICT_METRIC
-    groups: dict = {}
-    for size in p.sizes:
-        at = p.seeds[p.seeds["verdict.size"] == size]
-        base = at.loc[at["verdict.arm"] == p.baseline, m].astype(float)
-        for a in p.arms:
-            if a != p.baseline and (at["verdict.arm"] == a).any():
-                vals = at.loc[at["verdict.arm"] == a, m].astype(float)
-                groups.setdefault(family_of(p, size, a), {})[(size, a)] = (vals, base)
-    results = {}
-    for name, pairs in groups.items():
-        res = compare_pairs(pairs, margin.value)
-        for key, r in zip(pairs, res.itertuples()):
-            results[key] = r._asdict() | {"holm_family": name, "holm_family_size": len(pairs)}
-    rows = []
-    for size in p.sizes:
-        at = p.seeds[p.seeds["verdict.size"] == size]
-        base = at[at["verdict.arm"] == p.baseline]
-        base_params = _params(base)
-        for a in p.arms:
-            arm_runs = at[at["verdict.arm"] == a]
-            if a == p.baseline and len(base):
-                rows.append(_row(size, a, p.family[a], base, base_params, m) | {"margin": margin.value,
-                                                                               "verdict": "baseline"})
-            elif (size, a) in results:
-                r = results[(size, a)]
-                rows.append(_row(size, a, p.family[a], arm_runs, base_params, m) | {
-                    k: r[k] for k in ("delta", "ci_low", "ci_high", "p_welch", "p_holm", "p_tost", "p_tost_holm",
-                                      "tost_ci_low", "tost_ci_high", "holm_family", "holm_family_size", "margin",
-                                      "verdict")})
-    table = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
-    return with_paired(p, table) if p.paired else table
-
-
-PAIRED_COLUMNS = ["paired_n", "paired_delta", "paired_ci_low", "paired_ci_high", "correlation"]
-
-
-def with_paired(p: ProtocolRuns, table: pd.DataFrame) -> pd.DataFrame:
-    """The verdict table with the paired difference of each comparison (stats.paired_t over the seeds the arm and
-    the baseline share at that size: same seed, same data order) and the correlation the pairing exploits."""
-    rows = []
-    for _, r in table.iterrows():
-        at = p.seeds[p.seeds["verdict.size"] == r["size"]]
-
-        def by_seed(arm):
-            runs = at[at["verdict.arm"] == arm]
-            return pd.Series(runs[VERDICT_METRIC].astype(float).to_numpy(), index=runs["seed"].astype(int))
-
-        res = paired_t(by_seed(r["arm"]), by_seed(p.baseline)) if r["verdict"] != "baseline" else {}
-        rows.append([res.get("n", 0), res.get("delta", math.nan), res.get("ci_low", math.nan),
-                     res.get("ci_high", math.nan), res.get("correlation", math.nan)])
-    return pd.concat([table, pd.DataFrame(rows, columns=PAIRED_COLUMNS, index=table.index)], axis=1)
-
-
-VERDICT_COLUMNS = ["size", "arm", "family", "n_seeds", "seeds", "lr", "mean", "std", "params", "params_baseline",
-                   "params_differ", "tokens", "delta", "ci_low", "ci_high", "p_welch", "p_holm", "p_tost", "p_tost_holm",
-                   "tost_ci_low", "tost_ci_high", "holm_family", "holm_family_size", "margin", "verdict"]
-
-
-def _row(size, arm, fam, runs: pd.DataFrame, base_params: float, m: str) -> dict:
-    vals = runs[m].astype(float)
-    params = _params(runs)
-    return {"size": size, "arm": arm, "family": fam, "n_seeds": len(runs),
-            "seeds": ";".join(str(int(s)) for s in sorted(runs["seed"].dropna())), "lr": _arm_lr(runs),
-            "mean": float(vals.mean()), "std": float(vals.std(ddof=1)) if len(vals) > 1 else math.nan,
-            "params": params, "params_baseline": base_params,
-            "tokens": float(runs["tokens_seen"].astype(float).median()) if len(runs) else math.nan,
-            "params_differ": bool(np.isfinite(params) and np.isfinite(base_params) and params != base_params),
-            "delta": math.nan, "ci_low": math.nan, "ci_high": math.nan, "p_welch": math.nan,
-            "p_holm": math.nan, "p_tost": math.nan, "p_tost_holm": math.nan, "tost_ci_low": math.nan,
-            "tost_ci_high": math.nan, "holm_family": "", "holm_family_size": 0}
-
-
-def lr_search(p: ProtocolRuns) -> tuple[pd.DataFrame, list]:
-    """Per (size, arm): final val bpb of the lr stage at each lr tried, the mean over its seeds as the protocol
-    chooses (`verdict.lr.seeds`; NaN: not tried; failed runs in `failed`), the chosen lr (the seeds stage's
-    `verdict.lr`; without seeds runs, the lr stage's best), whether it is at an edge of the grid, and where an lr
-    searched at another size came from (`verdict.lr_from`). Returns (table, sorted grid of every lr tried)."""
-    grid = sorted(set(p.lr["lr_value"].dropna()) | set(p.lr_failed["lr_value"].dropna()))
-    rows = []
-    for size in p.sizes:
-        for arm in p.arms:
-            lr_runs = p.lr[(p.lr["verdict.size"] == size) & (p.lr["verdict.arm"] == arm)]
-            bad = p.lr_failed[(p.lr_failed["verdict.size"] == size) & (p.lr_failed["verdict.arm"] == arm)]
-            seeds = p.seeds[(p.seeds["verdict.size"] == size) & (p.seeds["verdict.arm"] == arm)]
-            if not len(lr_runs) and not len(bad) and not len(seeds):
-                continue
-            tried = sorted(set(lr_runs["lr_value"].dropna()) | set(bad["lr_value"].dropna()))
-            by_lr = lr_runs.groupby("lr_value")[VERDICT_METRIC].mean().astype(float)
-            n_seeds = int(lr_runs.groupby("lr_value")["seed"].nunique().max()) if len(lr_runs) else 0
-            source = seeds["verdict.lr_from"].dropna() if "verdict.lr_from" in seeds else pd.Series(dtype=str)
-            lr_from = str(source.iloc[0]) if len(source) and str(source.iloc[0]) != size else ""
-            chosen = _arm_lr(seeds) if len(seeds) else (float(by_lr.idxmin()) if len(by_lr) else math.nan)
-            best = float(by_lr.idxmin()) if len(by_lr) else math.nan
-            edge = ""
-            if np.isfinite(chosen) and len(tried) > 1:
-                edge = "lowest" if chosen == tried[0] else ("highest" if chosen == tried[-1] else "")
-            row = {"size": size, "arm": arm, "chosen_lr": chosen, "lr_stage_best": best, "edge": edge,
-                   "lr_seeds": n_seeds, "lr_from": lr_from,
-                   "tried": ";".join(f"{v:g}" for v in tried),
-                   "failed": ";".join(f"{v:g}" for v in sorted(bad["lr_value"].dropna()))}
-            for lr in grid:
-                row[f"bpb@{lr:g}"] = float(by_lr.get(lr, math.nan))
-            rows.append(row)
-    return pd.DataFrame(rows), grid
 
 
 SCALING_TOO_FEW = ("the baseline arm `{arm}` has seeds at {levels} distinct compute value(s); "
@@ -303,7 +163,7 @@ def _commit_headline(p: ProtocolRuns) -> list:
     if not len(runs):
         return []
     commits = sorted(runs["git_commit"].fillna("(not recorded)").astype(str).unique())
-    dirty = int((runs["git_dirty"].astype(str).str.lower() == "true").sum())
+    dirty = int(common.commits(runs).str.endswith(" (dirty)").sum())
     allowed = int((runs.get("verdict.allow_dirty", pd.Series(dtype=object)).astype(str) == "true").sum())
     if len(commits) == 1 and not dirty:
         return [("p", f"Every result ran at one commit, `{commits[0]}`, with a clean tree.")]
@@ -453,15 +313,8 @@ def provenance_section(ctx: Context) -> list:
     ctx.write("left_out.csv", p.left_out.to_csv(index=False, lineterminator="\n"))
     b: list = [("h2", "Provenance")]
     if len(runs):
-        commits = runs["git_commit"].fillna("(not recorded)").astype(str) + np.where(
-            runs["git_dirty"].astype(str).str.lower() == "true", " (dirty)", "")
-        b.append(("p", "Git commits of the results:"))
-        b.append(("ul", run_counts(commits)))
-        b.append(("p", "Data fingerprints:"))
-        b.append(("ul", run_counts(runs["data_fingerprint"].fillna("(not recorded)").astype(str))))
-        where = runs.assign(group=runs["verdict.arm"].astype(str) + " " + runs["verdict.stage"].astype(str))
-        b.append(("p", "Machines (the runs' `device_name`; arm and stage):"))
-        b.append(("ul", machine_counts(where, "group")))
+        b += common.provenance_blocks(runs, "results", "arm and stage",
+                                      runs["verdict.arm"].astype(str) + " " + runs["verdict.stage"].astype(str))
     b.append(("h2", "Left out"))
     if not len(p.left_out):
         b.append(("p", f"Nothing: all {len(rs.runs)} matched runs are finished protocol runs with the required "
@@ -470,46 +323,6 @@ def provenance_section(ctx: Context) -> list:
         b.append(("table", ["run", "variant", "seed", "status", "reason"],
                   [[f"`{r['run_id']}`", f"`{r['variant']}`", "" if pd.isna(r["seed"]) else str(r["seed"]),
                     r["status"], r["reason"]] for _, r in p.left_out.iterrows()]))
-    return b
-
-
-@section("protocol.lr")
-def lr_section(ctx: Context) -> list:
-    p = ctx.extra
-    lrs, grid = lr_search(p)
-    ctx.write("lr_search.csv", lrs.to_csv(index=False, lineterminator="\n"))
-    b: list = [("h2", "lr search")]
-    if not len(lrs):
-        b.append(("p", "No lr-stage runs."))
-        return b
-    n = sorted({int(v) for v in lrs["lr_seeds"] if v})
-    per = "one seed per lr" if n == [1] else f"mean over {'/'.join(map(str, n))} seeds per lr (the protocol's choice)"
-    b.append(("p", f"Final val bpb of the lr stage ({per}) at each lr of the grid; **bold ✓**: the lr "
-                   "the seeds ran at (the chosen lr); `failed`: the run did not finish; blank: not tried. An lr "
-                   "at an edge of the grid may not be the optimum: it may lie outside the grid."))
-    rows, edges = [], []
-    for _, r in lrs.iterrows():
-        cells = []
-        failed = {float(v) for v in str(r["failed"]).split(";") if v}
-        for lr in grid:
-            v = r[f"bpb@{lr:g}"]
-            cell = fixed(v) if np.isfinite(v) else ("failed" if lr_key(lr) in failed else "")
-            if np.isfinite(r["chosen_lr"]) and lr_key(lr) == r["chosen_lr"] and cell:
-                cell = f"**{cell}** ✓"
-            cells.append(cell)
-        note = ""
-        if r["edge"]:
-            note = f"chosen lr is the {r['edge']} tried: the optimum may lie outside the grid"
-            edges.append(f"`{r['arm']}` at `{r['size']}`")
-        if r["lr_from"]:
-            note = f"lr searched at `{r['lr_from']}` (verdict.lr.transfer_from), not here"
-        if np.isfinite(r["lr_stage_best"]) and np.isfinite(r["chosen_lr"]) and r["lr_stage_best"] != r["chosen_lr"]:
-            note = (note + "; " if note else "") + f"the lr stage's best is {r['lr_stage_best']:g}"
-        rows.append([f"`{r['size']}`", f"`{r['arm']}`", *cells, sci(r["chosen_lr"]), note])
-    b.append(("table", ["size", "arm", *[f"lr {lr:g}" for lr in grid], "chosen lr", "note"], rows))
-    if edges:
-        b.append(("p", f"**At an edge of the grid** ({len(edges)} of {len(lrs)}): " + ", ".join(edges) + "."))
-    b.append(("p", "Machine-readable: `lr_search.csv`."))
     return b
 
 
