@@ -1,16 +1,20 @@
 """The report engine: one context per report, sections that turn it into blocks, and kinds that list sections.
 
-A report is built in three steps, the same for every kind (ablation, protocol, lr transfer, known results):
+A report is built in three steps, the same for every kind (ablation, protocol, known results, ladder, lr transfer,
+the μP hypothesis; analysis/report.py lists them, the one entry):
 
-1. `Context`: the runs (an `analysis.store.RunSet`), where the report goes, the options it was asked with, and a
-   memo (`ctx.once(fn)`) so that a derived fact (histories, the n-gram floor, the verdict table) is computed once
-   however many sections read it. A kind's `load` fills in what it needs (the baseline, labels, margin, ...).
+1. `Context`: where the report goes, the `Options` it was asked with, the matched runs and the report's results
+   (`runs`), the facts every kind has (baseline, margin, n-gram floor, what was left out), one typed `extra` for
+   what only its kind has, and a memo (`ctx.once(fn)`) so that a derived fact (histories, the verdict table, the
+   scaling fits) is one function computed once however many sections read it. A kind's `load` fills it in.
 2. Sections: functions `(ctx) -> list of blocks` registered with `@section("name")` in the module that owns them
-   (analysis/report.py, protocol.py, context.py, lr_transfer.py, known_results.py, forest.py, and the shared ones
-   in analysis/common.py). A section may also write its machine-readable files (`ctx.write`, `ctx.figure`).
-3. `Kind`: a title, a `load` step and an ordered tuple of section names. `build(kind, ctx)` removes the kind's own
-   files from the folder (never anything else), loads, runs the sections in order and writes index.md (and
-   index.html).
+   (analysis/ablation.py, protocol.py, lr_search.py, context.py, lr_transfer.py, lr_hypothesis.py,
+   known_results.py, ladder_report.py, and the shared ones in analysis/common.py). A section may also write its
+   machine-readable files (`ctx.write`, `ctx.figure`).
+3. `Kind`: a title, a `load` step, an ordered tuple of section names and what the kind says of itself (the options
+   its Regenerate command repeats, its arms for the floor table, the papers' directions). `build(kind, ctx)` removes
+   the kind's own files from the folder (never anything else), loads, runs the sections in order and writes its
+   page (index.md, and index.html).
 
 Adding a report kind is one list of sections (see KNOWN_RESULTS in analysis/known_results.py), not a module of
 builders. Blocks and number formats live in analysis/document.py.

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from analysis import report as report_mod
+from analysis.notebook import prepare
 from analysis.stats import pareto_front, welch
 from analysis.store import (AnalysisError, looks_like_filter, resolve_tracking_uri, runs_frame, split_runs,
                             variant_name)
@@ -308,4 +309,20 @@ def test_runs_frame_empty():
     frame = runs_frame([])
     assert frame.empty and "variant" in frame.columns
     with pytest.raises(AnalysisError):
-        report_mod.prepare("empty", tracking_uri="sqlite:////nonexistent/dir/mlflow.db")
+        prepare("empty", tracking_uri="sqlite:////nonexistent/dir/mlflow.db")
+
+
+def test_one_entry_both_spellings(synthetic_store, synthetic_report, tmp_path, capsys):
+    """`analysis.report KIND QUERY` writes what the older `analysis.report QUERY` wrote; a protocol kind of runs that
+    are no protocol's, or a word that is no kind before the query, is refused with one line."""
+    uri, _ = synthetic_store
+    assert report_mod.main(["ablation", "synthetic", "--tracking-uri", uri, "--out", str(tmp_path / "new")]) == 0
+    for name in ("index.md", "summary.csv", "runs.csv"):
+        assert (tmp_path / "new" / name).read_bytes() == (synthetic_report / name).read_bytes(), name
+    capsys.readouterr()
+    assert report_mod.main(["protocol", "synthetic", "--tracking-uri", uri, "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "carry no verdict.protocol tag" in err[0] and not (tmp_path / "p").exists()
+    with pytest.raises(SystemExit) as exc:
+        report_mod.main(["norms", "synthetic", "--tracking-uri", uri])
+    assert exc.value.code == 2 and "expected [KIND] QUERY" in capsys.readouterr().err

@@ -404,4 +404,4 @@ def test_held_out_rung_from_another_store(ladder_report, tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "`w48` is also a size" in err
     assert main([PROTOCOL, "--tracking-uri", small, "--out", str(tmp_path / "bad"), "--held-out", held]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "only --kind ladder" in err
+    assert len(err.splitlines()) == 1 and "only the ladder kind reads a held-out rung" in err

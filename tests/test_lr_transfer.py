@@ -165,3 +165,16 @@ def test_least_span_and_verdict(steps, interior, lr_min, verdict, least):
                         "spread": 0.0})
     t = lt.transfer(opt).iloc[0]
     assert (t.verdict, t.least_span, t.ratio) == (verdict, least, 8)
+
+
+def test_the_one_entry_writes_the_same_page(store, tmp_path):
+    """`python -m analysis.report lr-transfer EXPERIMENT` is the kind the older `analysis.lr_transfer` builds."""
+    from analysis.report import main
+
+    uri, _ = store
+    old, new = tmp_path / "old", tmp_path / "new"
+    lt.build(old, uri)
+    assert main(["lr-transfer", "lr-transfer", "--tracking-uri", uri, "--out", str(new)]) == 0
+    assert (new / "lr_transfer.svg").read_bytes() == (old / "lr_transfer.svg").read_bytes()
+    # the page names its output folder in its command line; everything else is the same
+    assert (new / "index.md").read_text().replace(str(new), str(old)) == (old / "index.md").read_text()

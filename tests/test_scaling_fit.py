@@ -13,6 +13,8 @@ import pandas as pd
 import pytest
 
 from analysis import report as report_mod
+from analysis.ablation import scaling_fact
+from analysis.notebook import prepare
 from analysis.scaling import (ScalingFit, arm_of, bootstrap_multiplier, compute_multiplier, fit_scaling_law,
                               scaling_table)
 
@@ -184,7 +186,7 @@ def test_report_scaling_section(ladder_store, tmp_path, capsys):
     assert "| `baseline` | 8 | 4 |" in md and "| 1 level(s) to spare |" in md
     assert (out / "figures" / "loss_vs_compute.png").stat().st_size > 10_000
     # same runs in, same bytes out (seeded bootstraps)
-    again = report_mod.scaling_fact(report_mod.prepare("ladder", tracking_uri=ladder_store, baseline="model=s3"))
+    again = scaling_fact(prepare("ladder", tracking_uri=ladder_store, baseline="model=s3"))
     assert again.table.to_csv(index=False, lineterminator="\n") == (out / "scaling.csv").read_text()
 
 
