@@ -290,11 +290,11 @@ def _n_left(ctx: Context) -> int:
 def results_section(ctx: Context) -> list:
     """The per-variant table, the floor, the differences and the verdicts; writes summary.md and the CSVs."""
     table, inc = ctx.extra.table, ctx.runs
-    ctx.write("summary.csv", table.to_csv(index=False, float_format=None, lineterminator="\n"))
+    ctx.write_csv("summary.csv", table)
     runs_csv = inc[[c for c in RUN_COLUMNS if c in inc.columns] + sorted(c for c in inc.columns
                                                                         if c.startswith("choice."))]
-    ctx.write("runs.csv", runs_csv.to_csv(index=False, lineterminator="\n"))
-    ctx.write("left_out.csv", ctx.left_out.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv("runs.csv", runs_csv)
+    ctx.write_csv("left_out.csv", ctx.left_out)
     ctx.write("summary.md", summary_markdown(table))
     if not len(inc):
         return []

@@ -56,7 +56,7 @@ def scaling_blocks(ctx, sc: Scaling, arms: list) -> list:
     if not sc.ok:
         return [("p", "Scaling fits: " + sc.summary + ".")]
     figure = ctx.figure(scaling_figure(sc.points, sc.fits, variant_styles(arms), METRIC), SCALING_FIGURE)
-    ctx.write("scaling.csv", sc.table.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv("scaling.csv", sc.table)
     b: list = [("p", "Fits of L(C) = E + A·C^−alpha per arm by least squares over every seed "
                      "(analysis/scaling.py). Compute multiplier: the compute the baseline's fitted law needs to "
                      "reach the arm's mean loss at the arm's largest compute, divided by that compute (> 1: the arm "

@@ -221,7 +221,7 @@ def context_section(ctx) -> list:
     styles = variant_styles(arms)
     paths = {"bpb_vs_context": ctx.figure(context_figure(frame, arms, styles), "bpb_vs_context"),
              "bpb_vs_kv_cache_at_context": ctx.figure(kv_figure(frame, arms, styles), "bpb_vs_kv_cache_at_context")}
-    ctx.write(CSV, frame.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv(CSV, frame)
     b = [("h2", "Context length"),
          ("p", "Each run's final checkpoint scored on the validation split at each evaluation context by "
                "`python -m ablations.evaluate` (metrics `eval/<mode>/bpb` at step = context). *Non-overlapping*: "

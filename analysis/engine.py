@@ -112,6 +112,10 @@ class Context:
         self.files.append(path)
         return path
 
+    def write_csv(self, name: str, frame) -> Path:
+        """A table as CSV, the same way in every report: no index, "\\n" line ends (same frame, same bytes)."""
+        return self.write(name, frame.to_csv(index=False, lineterminator="\n"))
+
     def figure(self, fig, name: str, folder: str = "figures") -> str:
         """Save `fig` in every requested format under `folder`; returns the path the report links (first format)."""
         from analysis.plots import save_figure

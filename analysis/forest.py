@@ -129,7 +129,7 @@ def forest_blocks(ctx, table: pd.DataFrame, draw=forest_figure, name: str = FIGU
     frame = forest_frame(table, ctx.extra.seeds, expected)
     if frame.empty:
         return []
-    ctx.write(CSV, frame.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv(CSV, frame)
     path = ctx.figure(draw(frame), name)
     margin = ("fixed before the runs" if ctx.margin.preset else "none" if not np.isfinite(ctx.margin.value)
               else "given at report time")

@@ -195,7 +195,7 @@ def head_section(ctx: Context) -> list:
 @section("known.findings")
 def findings_section(ctx: Context) -> list:
     rows = ctx.once(known_rows)
-    ctx.write(CSV, rows.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv(CSV, rows)
     b: list = [("h2", "Findings"),
                ("p", "One row per published finding (analysis/literature.py, typed from the papers). *Expected*: the "
                      "direction the paper found for the arm against the baseline. Our Δ: val bpb, arm − baseline, "

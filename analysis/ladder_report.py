@@ -229,8 +229,8 @@ def head_section(ctx: Context) -> list:
 def trend_section(ctx: Context) -> list:
     lad = ctx.once(ladder_of)
     pts, tr = lad["points"], lad["trends"]
-    ctx.write(POINTS_CSV, pts.to_csv(index=False, lineterminator="\n"))
-    ctx.write(TRENDS_CSV, tr.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv(POINTS_CSV, pts)
+    ctx.write_csv(TRENDS_CSV, tr)
     path = ctx.figure(ladder_figure(pts, lad["fits"], lad["predictions"], dict(EXPECTED), ctx.margin.value), FIGURE)
     rows = [[f"`{r.arm}`", r.expected or "n/a", str(r.sizes),
              "n/a" if not np.isfinite(r.slope) else f"{signed(r.slope)} {ci_text(r.slope_low, r.slope_high)}",
@@ -260,7 +260,7 @@ def trend_section(ctx: Context) -> list:
 @section("ladder.predictions")
 def predictions_section(ctx: Context) -> list:
     pred = ctx.once(ladder_of)["predictions"]
-    ctx.write(PREDICTIONS_CSV, pred.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv(PREDICTIONS_CSV, pred)
     rows = []
     for r in pred.itertuples():
         measured = r.covered != "unmeasured"
@@ -285,7 +285,7 @@ def predictions_section(ctx: Context) -> list:
 @section("ladder.decisions")
 def decisions_section(ctx: Context) -> list:
     dec = ctx.once(ladder_of)["decisions"]
-    ctx.write(DECISIONS_CSV, dec.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv(DECISIONS_CSV, dec)
 
     def share(k, n):
         return f"{int(k)} of {int(n)}" + (f" ({k / n:.0%})" if n else "")

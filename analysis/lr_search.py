@@ -53,7 +53,7 @@ def lr_search(p: ProtocolRuns) -> tuple[pd.DataFrame, list]:
 def lr_section(ctx: Context) -> list:
     p = ctx.extra
     lrs, grid = lr_search(p)
-    ctx.write("lr_search.csv", lrs.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv("lr_search.csv", lrs)
     b: list = [("h2", "lr search")]
     if not len(lrs):
         b.append(("p", "No lr-stage runs."))

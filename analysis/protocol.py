@@ -209,7 +209,7 @@ def _margin_blocks(ctx: Context) -> list:
 @section("protocol.verdicts")
 def verdicts_section(ctx: Context) -> list:
     p, table = ctx.extra, ctx.once(verdict_table)
-    ctx.write("verdicts.csv", table.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv("verdicts.csv", table)
     b: list = [("h2", "Verdicts per size")]
     b.append(("p", "Final val bpb (bits/byte, lower is better), mean ± std over seeds (ddof=1); Δ = arm − baseline "
                    "at the same size with its 95% Welch confidence interval (t-based, Welch-Satterthwaite df). "
@@ -309,8 +309,8 @@ def _tokens_text(r, table: pd.DataFrame) -> str:
 def provenance_section(ctx: Context) -> list:
     p, rs = ctx.extra, ctx.runset
     runs = p.results()
-    ctx.write("runs.csv", runs[[c for c in RUN_COLUMNS if c in runs.columns]].to_csv(index=False, lineterminator="\n"))
-    ctx.write("left_out.csv", p.left_out.to_csv(index=False, lineterminator="\n"))
+    ctx.write_csv("runs.csv", runs[[c for c in RUN_COLUMNS if c in runs.columns]])
+    ctx.write_csv("left_out.csv", p.left_out)
     b: list = [("h2", "Provenance")]
     if len(runs):
         b += common.provenance_blocks(runs, "results", "arm and stage",
@@ -330,7 +330,7 @@ def provenance_section(ctx: Context) -> list:
 def scaling_section(ctx: Context) -> list:
     p, sc = ctx.extra, ctx.once(scaling_fact)
     if len(sc.points):
-        ctx.write("scaling_points.csv", sc.points.to_csv(index=False, lineterminator="\n"))
+        ctx.write_csv("scaling_points.csv", sc.points)
     b: list = [("h2", "Scaling with compute")]
     means = sc.points.groupby(["arm", "size"]).agg(n=(scaling.METRIC, "size"), compute=("compute", "mean"),
                                                    loss=(scaling.METRIC, "mean"), loss_std=(scaling.METRIC, "std"))
