@@ -23,6 +23,8 @@ from analysis.engine import Context, Kind, section
 from analysis.floor import floor_for_runs, floor_line, headline
 from analysis.paired import UNPAIRED
 from analysis.plots import loss_curves_figure, quality_figure, variant_styles
+from analysis.protocol_runs import STAGE_SEEDS
+from analysis.runs import run_table
 from analysis.stats import COMPARE_METRICS, FRONTIERS, SUMMARY_METRICS, variant_table
 from analysis.store import AnalysisError, default_baseline, display_uri, order_variants, shorten, variant_labels
 from analysis.verdict import VERDICT_METRIC, add_verdicts, resolve_margin
@@ -214,7 +216,11 @@ def load_ablation(ctx: Context) -> None:
     table = add_verdicts(table, included, ctx.baseline, ctx.margin)
     ctx.extra = Ablation(variants, labels, shared, variant_styles(variants), table)
     included.insert(included.columns.get_loc("variant") + 1, "label", included["variant"].map(labels))
-    ctx.runs = included
+    arms = included["variant"].map(scaling.arm_of)
+    if "verdict.arm" in included:  # runs of the verdict protocol name their arm
+        arms = included["verdict.arm"].where(included["verdict.arm"].notna(), arms)
+    ctx.runs = run_table(included, arms, included["variant"].map(scaling.rung_of), STAGE_SEEDS,
+                         included["variant"] == ctx.baseline)
     left_out = pd.concat([rs.left_out, pd.DataFrame(_figure_left_out(included, ctx.hist),
                                                     columns=rs.left_out.columns)], ignore_index=True)
     if len(left_out):
@@ -343,17 +349,9 @@ SCALING_TOO_FEW = ("the baseline arm `{arm}` has runs at {levels} distinct train
 
 
 def scaling_fact(ctx: Context) -> scaling.Scaling:
-    """The runs' scaling (analysis.scaling.scaling_of), an arm being a variant without its ladder overrides (or the
-    verdict protocol's arm tag)."""
-    inc = ctx.runs
-    arms = inc["variant"].map(scaling.arm_of)
-    if "verdict.arm" in inc:  # runs of the verdict protocol name their arm
-        arms = inc["verdict.arm"].where(inc["verdict.arm"].notna(), arms)
-    points = pd.DataFrame({"arm": arms.to_numpy(), "variant": inc["variant"].to_numpy(),
-                           "seed": inc["seed"].to_numpy(), "compute": scaling.run_compute(inc).to_numpy(),
-                           scaling.METRIC: inc[scaling.METRIC].astype(float).to_numpy()})
-    base = points.loc[points["variant"] == ctx.baseline, "arm"]
-    return scaling.scaling_of(points, base.iloc[0] if len(base) else scaling.arm_of(ctx.baseline), SCALING_TOO_FEW)
+    """The runs' scaling (analysis.scaling.scaling_of), an arm being a variant without its ladder overrides."""
+    base = ctx.runs.loc[ctx.runs["is_baseline"], "arm"]
+    return scaling.scaling_of(ctx.runs, base.iloc[0] if len(base) else scaling.arm_of(ctx.baseline), SCALING_TOO_FEW)
 
 
 @section("ablation.scaling")

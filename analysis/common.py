@@ -10,13 +10,13 @@ from __future__ import annotations
 import shlex
 
 import numpy as np
-import pandas as pd
 
 from analysis.document import fit_param, fixed, identifiability_blocks, machine_counts, multiplier_text, run_counts, sci
 from analysis.engine import section
 from analysis.floor import FLOOR_COMMAND, floor_blocks
 from analysis.paired import paired_blocks
 from analysis.plots import scaling_figure, variant_styles
+from analysis.runs import commits
 from analysis.scaling import METRIC, MIN_LEVELS, Scaling
 from analysis.store import display_uri
 
@@ -30,12 +30,6 @@ def floor_section(ctx) -> list:
 @section("paired")
 def paired_section(ctx) -> list:
     return paired_blocks(ctx.options.paired, ctx.options.paired_path)
-
-
-def commits(runs) -> pd.Series:
-    """Each run's git commit, " (dirty)" when it ran with uncommitted changes."""
-    dirty = runs["git_dirty"].astype(str).str.lower() == "true"
-    return runs["git_commit"].fillna("(not recorded)").astype(str) + np.where(dirty, " (dirty)", "")
 
 
 def provenance_blocks(runs, of: str, by: str, group) -> list:

@@ -37,7 +37,8 @@ from analysis.engine import Context, Kind, section
 from analysis.floor import floor_for_runs, floor_line, headline
 from analysis.paired import UNPAIRED
 from analysis.seed_plan import check_protocol, plan_blocks
-from analysis.protocol_runs import ProtocolRuns, select, verdicts
+from analysis.protocol_runs import STAGE_SEEDS, select, verdicts
+from analysis.runs import run_table
 from analysis.store import AnalysisError, display_uri
 from analysis.verdict import VERDICT_METRIC, WIDE_MARGIN, resolve_margin
 
@@ -56,10 +57,7 @@ SCALING_TOO_FEW = ("the baseline arm `{arm}` has seeds at {levels} distinct comp
 def scaling_fact(ctx: Context) -> scaling.Scaling:
     """The seeds stage's scaling (analysis.scaling.scaling_of: compute spent, fits when the baseline has seeds at
     >= 3 compute values); its points keep each run's size."""
-    s = ctx.extra.seeds
-    points = pd.DataFrame({"arm": s["verdict.arm"], "size": s["verdict.size"], "seed": s["seed"],
-                           "compute": scaling.run_compute(s), scaling.METRIC: s[scaling.METRIC].astype(float)})
-    return scaling.scaling_of(points, ctx.extra.baseline, SCALING_TOO_FEW)
+    return scaling.scaling_of(ctx.runs[ctx.runs["stage"] == STAGE_SEEDS], ctx.baseline, SCALING_TOO_FEW)
 
 
 # ---------------------------------------------------------------------------------------------------- the report
@@ -73,7 +71,10 @@ def load_protocol(ctx: Context) -> None:
         ctx.margin = resolve_margin(opt.margin, p.seeds["verdict.margin"], p.seeds["verdict.margin_reason"])
     except ValueError as exc:
         raise AnalysisError(str(exc)) from None
-    ctx.extra, ctx.baseline, ctx.runs, ctx.left_out = p, p.baseline, p.results(), p.left_out
+    res = p.results()
+    ctx.runs = run_table(res, res["verdict.arm"], res["verdict.size"], res["verdict.stage"],
+                         res["verdict.arm"] == p.baseline)
+    ctx.extra, ctx.baseline, ctx.left_out = p, p.baseline, p.left_out
     ctx.floor = floor_for_runs(opt.tracking_uri, p.seeds)
 
 
@@ -138,7 +139,7 @@ def head_section(ctx: Context) -> list:
         best = at.loc[at["mean"].idxmin()]
         b.extend(headline(ctx.floor, float(best["mean"]), f"the best arm at the largest size (`{best['arm']}` at "
                                                          f"`{best['size']}`)"))
-    return b + _commit_headline(p)
+    return b + _commit_headline(ctx.runs)
 
 
 @section("protocol.intro")
@@ -157,13 +158,12 @@ def intro_section(ctx: Context) -> list:
     return b
 
 
-def _commit_headline(p: ProtocolRuns) -> list:
+def _commit_headline(runs: pd.DataFrame) -> list:
     """One line at the top: the one commit every result used, or a flag when they span several or ran dirty."""
-    runs = p.results()
     if not len(runs):
         return []
     commits = sorted(runs["git_commit"].fillna("(not recorded)").astype(str).unique())
-    dirty = int(common.commits(runs).str.endswith(" (dirty)").sum())
+    dirty = int(runs["commit"].str.endswith(" (dirty)").sum())
     allowed = int((runs.get("verdict.allow_dirty", pd.Series(dtype=object)).astype(str) == "true").sum())
     if len(commits) == 1 and not dirty:
         return [("p", f"Every result ran at one commit, `{commits[0]}`, with a clean tree.")]
@@ -307,14 +307,13 @@ def _tokens_text(r, table: pd.DataFrame) -> str:
 
 @section("protocol.provenance")
 def provenance_section(ctx: Context) -> list:
-    p, rs = ctx.extra, ctx.runset
-    runs = p.results()
+    p, rs, runs = ctx.extra, ctx.runset, ctx.runs
     ctx.write_csv("runs.csv", runs[[c for c in RUN_COLUMNS if c in runs.columns]])
     ctx.write_csv("left_out.csv", p.left_out)
     b: list = [("h2", "Provenance")]
     if len(runs):
         b += common.provenance_blocks(runs, "results", "arm and stage",
-                                      runs["verdict.arm"].astype(str) + " " + runs["verdict.stage"].astype(str))
+                                      runs["arm"].astype(str) + " " + runs["stage"].astype(str))
     b.append(("h2", "Left out"))
     if not len(p.left_out):
         b.append(("p", f"Nothing: all {len(rs.runs)} matched runs are finished protocol runs with the required "
@@ -350,16 +349,15 @@ def scaling_section(ctx: Context) -> list:
 
 @section("protocol.throughput")
 def throughput_section(ctx: Context) -> list:
-    p = ctx.extra
+    p, s = ctx.extra, ctx.runs[ctx.runs["stage"] == STAGE_SEEDS]
     b: list = [("h2", "Throughput per run (not paired)")]
-    s = p.seeds
     if not len(s) or not np.isfinite(s["final_tokens_per_sec"].astype(float)).any():
         b.append(("p", "No per-run tokens/s recorded."))
         return b
     rows = []
     for size in p.sizes:
         for arm in p.arms:
-            v = s.loc[(s["verdict.size"] == size) & (s["verdict.arm"] == arm), "final_tokens_per_sec"].astype(float)
+            v = s.loc[(s["size"] == size) & (s["arm"] == arm), "final_tokens_per_sec"].astype(float)
             v = v[np.isfinite(v)]
             if len(v):
                 rows.append([f"`{size}`", f"`{arm}`", str(len(v)), f"{v.median():,.0f}",

@@ -181,6 +181,11 @@ def arm_of(variant: str) -> str:
     return " ".join(words) or "baseline"
 
 
+def rung_of(variant: str) -> str:
+    """The variant's ladder overrides (model size / steps), the rest being its arm (`arm_of`)."""
+    return " ".join(w for w in str(variant).split() if LADDER_WORD.match(w))
+
+
 def run_compute(runs: pd.DataFrame) -> pd.Series:
     """Training FLOPs each run spent (the one rule of every report): its `flops_seen` at the last step (the harness
     logs tokens_seen x flops_per_token as it trains: the budget actually spent), else flops_per_token x its last
@@ -249,10 +254,11 @@ class Scaling:
     fits: dict = field(default_factory=dict)
 
 
-def scaling_of(points: pd.DataFrame, baseline_arm: str, too_few: str) -> Scaling:
-    """Fit every arm of `points` (columns arm, seed, compute, final_val_loss; compute NaN where a run recorded
-    none) when the baseline arm has >= MIN_LEVELS compute values. `too_few`: the kind's sentence for the skip, with
-    {arm}, {levels} and {needed} (the pages are committed and regenerate byte for byte)."""
+def scaling_of(runs: pd.DataFrame, baseline_arm: str, too_few: str) -> Scaling:
+    """Fit every arm of a report's runs (analysis/runs.py: arm, size, seed, compute, final_val_loss; compute NaN
+    where a run recorded none) when the baseline arm has >= MIN_LEVELS compute values. `too_few`: the kind's sentence
+    for the skip, with {arm}, {levels} and {needed} (the pages are committed and regenerate byte for byte)."""
+    points = runs[["arm", "size", "seed", "compute", METRIC]].reset_index(drop=True)
     missing = int((~np.isfinite(points["compute"].astype(float))).sum())
     points = points[np.isfinite(points["compute"].astype(float))].reset_index(drop=True)
     levels = points.loc[points["arm"] == baseline_arm, "compute"].nunique()
