@@ -496,8 +496,12 @@ def verdicts_section(ctx: Context) -> list:
         b.append(("p", "Not parameter-matched (each size has one FLOP budget: an arm's tokens follow from its FLOPs "
                        "per token, not from its parameter count): " + "; ".join(
             f"`{r['arm']}` at `{r['size']}` ({r['params']:,.0f} vs {r['params_baseline']:,.0f} parameters; "
-            + _tokens_text(r, table) + ")" for _, r in differ.iterrows())
+            + _tokens_text(r, table, _tokens_matched(p)) + ")" for _, r in differ.iterrows())
             + ". A quality difference mixes the architecture with its size."))
+    if _tokens_matched(p):
+        b.append(("p", "Matched at tokens, not FLOPs (`match: tokens`, tag `verdict.match`): " + ", ".join(
+            f"`{a}`" for a in _tokens_matched(p)) + " trained the baseline's tokens (its steps) at every size, at "
+            "their own FLOPs per token; every other arm, the size's FLOP budget."))
     b.extend(_machines_blocks(ctx))
     b.extend(plan_blocks(ctx))
     b.extend(_paired_blocks(ctx))
@@ -546,14 +550,21 @@ def _paired_blocks(ctx: Context) -> list:
             ("table", ["size", "arm", "Δ [95% Welch CI]", "shared seeds", "paired Δ [95% t CI]", "r"], rows)]
 
 
-def _tokens_text(r, table: pd.DataFrame) -> str:
+def _tokens_matched(p) -> list[str]:
+    """The arms whose seeds ran at the baseline's tokens (tag verdict.match=tokens; untagged runs: flops)."""
+    tag = p.seeds["verdict.match"] if "verdict.match" in p.seeds else pd.Series("flops", index=p.seeds.index)
+    return sorted(set(p.seeds.loc[tag == "tokens", "verdict.arm"]))
+
+
+def _tokens_text(r, table: pd.DataFrame, matched=()) -> str:
     """Whether an arm trained on as many tokens as the baseline at its size (from the runs' tokens_seen)."""
     base = table[(table["size"] == r["size"]) & (table["verdict"] == "baseline")]
     if not len(base) or not np.isfinite(r["tokens"]) or not np.isfinite(base["tokens"].iloc[0]):
         return "tokens not recorded"
     t, tb = r["tokens"], base["tokens"].iloc[0]
-    if t == tb:
-        return f"the same FLOPs per token and the same {t:,.0f} tokens as the baseline"
+    if t == tb:  # at the baseline's tokens by design (match: tokens), else because the FLOPs per token agree
+        return f"the baseline's {t:,.0f} tokens (match: tokens)" if r["arm"] in matched else \
+            f"the same FLOPs per token and the same {t:,.0f} tokens as the baseline"
     cost = "fewer" if t > tb else "more"
     return f"{t:,.0f} tokens vs the baseline's {tb:,.0f}: {cost} FLOPs per token"
 
@@ -643,7 +654,9 @@ def scaling_section(ctx: Context) -> list:
                     rows.append([f"`{arm}`", f"`{size}`", str(int(r["n"])), sci(r["compute"]), loss])
         b.append(("p", "Mean final val loss (nats/token) of the seeds against the compute each run spent (its "
                        "`flops_seen` at the last step: flops_per_token × tokens trained on, the budget actually "
-                       "spent, never more than the size's budget):"))
+                       "spent, never more than the size's budget" + ("; arms matched at tokens: " + ", ".join(
+                           _tokens_matched(p)) + ", the baseline's tokens at their own FLOPs per token"
+                           if _tokens_matched(p) else "") + "):"))
         b.append(("table", ["arm", "size", "seeds", "compute (FLOPs)", "final val loss"], rows))
     if not sc.ok:
         b.append(("p", "Scaling fits: " + sc.summary + "."))

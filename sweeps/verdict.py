@@ -27,7 +27,7 @@ from ablations.errors import one_line as _short
 from ablations.tracking import tracking_uri
 from modules.errors import AblationsError
 from sweeps.plan import plan_seeds
-from sweeps.protocol import ProtocolArm, ProtocolSpec, Size, VerdictError, load_spec, protocol_uri
+from sweeps.protocol import ProtocolArm, ProtocolSpec, Size, VerdictError, baseline_tokens, load_spec, protocol_uri
 from sweeps.study import Sweep
 
 USAGE = """usage: python -m sweeps.verdict [verdict=<name>] [experiment=<name>] [verdict.KEY=VALUE ...] [overrides]
@@ -49,8 +49,10 @@ examples:
 
 
 def load_protocol(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
-    """The protocol of a command line, with its seed counts planned by sweeps.plan when it says `seeds: plan`."""
+    """The protocol of a command line, with its seed counts planned by sweeps.plan when it says `seeds: plan`, and the
+    baseline's tokens at each size when an arm has `match: tokens`."""
     p = load_spec(argv, conf_dir)
+    p.match_tokens = baseline_tokens(p, conf_dir)  # match: tokens arms train the baseline's tokens at each size
     if p.planned:
         p.seeds_by_size = plan_seeds(p, conf_dir=conf_dir)
     return p
