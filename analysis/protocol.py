@@ -15,7 +15,9 @@ sections, in order (analysis/engine.py):
   verdict is exactly one of better / worse / equivalent within ±m / inconclusive (analysis/verdict.py). The margin m
   is `--margin`, else the one recorded before the runs (`verdict.margin`), else none. Each row gives the arm's lr
   and whether its parameter count differs from the baseline's; with a paired test declared (`verdict.paired`), the
-  paired Δ and the correlation beside Welch's.
+  paired Δ and the correlation beside Welch's. Runs that added their seeds sequentially (`verdict.sequential.*`)
+  get the stopping rule's verdicts instead, replayed from the store (analysis/sequential_verdicts.py), the fixed
+  rule's p-values kept as descriptive columns.
 - **n-gram floor** (analysis/common.py), **lr search**: per size and arm, final val bpb at each lr of the grid, the
   chosen lr (the one the seeds ran at) marked, and a note when it is at an edge of the grid.
 - **Scaling**: per arm, mean final loss against compute (analysis.scaling.run_compute: a run's `flops_seen` at its
@@ -35,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import common, forest, scaling  # noqa: F401  (common, forest: their sections register)
+from analysis import sequential_verdicts as sv
 from analysis.document import (ci_text, fit_param, fixed, identifiability_blocks, machine_counts, machine_of,
                                margin_text, mean_std, multiplier_text, p_text, run_counts, sci, signed)
 from analysis.engine import Context, Kind, section
@@ -225,7 +228,13 @@ def verdicts(p: ProtocolRuns, margin: Margin) -> pd.DataFrame:
                                       "tost_ci_low", "tost_ci_high", "holm_family", "holm_family_size", "margin",
                                       "verdict")})
     table = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
-    return with_paired(p, table) if p.paired else table
+    table = with_paired(p, table) if p.paired else table
+    design = sv.recorded_design(p.seeds)
+    if design is None:
+        return table
+    # seeds added sequentially: the verdict is the stopping rule's, replayed (analysis/sequential_verdicts.py)
+    families = {(s, a): family_of(p, s, a) for s in p.sizes for a in p.arms if a != p.baseline}
+    return sv.apply(p, table, margin.value, families, design)
 
 
 PAIRED_COLUMNS = ["paired_n", "paired_delta", "paired_ci_low", "paired_ci_high", "correlation"]
@@ -449,9 +458,9 @@ def _margin_blocks(ctx: Context) -> list:
             if mg.wide(float(r["mean"]))]
     out = [("p", text)]
     if sequential_design(ctx.protocol.seeds):
-        out.append(("p", sequential_design(ctx.protocol.seeds) + ". Each comparison stopped getting seeds once the "
-                         "sequential rule decided it (sweeps/sequential.py); the verdicts below are this report's "
-                         "fixed rule on the seeds each arm got, the protocol's log has the stopping rule's own."))
+        out.append(("p", sv.rule_paragraph(sequential_design(ctx.protocol.seeds))))
+        if sv.mismatch_line(t):
+            out.append(("p", sv.mismatch_line(t)))
     if wide:
         out.append(("p", f"**Wide margin**: m is more than {WIDE_MARGIN:.0%} of the baseline's val bpb at "
                          + ", ".join(wide) + ". An equivalence that only a wide margin buys is not a finding; "
@@ -474,6 +483,9 @@ def verdicts_section(ctx: Context) -> list:
                    "equivalence was shown (a non-significant p is not evidence of no difference). lr: the arm's "
                    "best lr (the seeds ran at it). params: whether the arm's parameter count differs from the "
                    "baseline's."))
+    sequential = sv.decided_sequentially(table)
+    if sequential:  # the stopping rule decided: its method replaces the fixed rule's
+        b[-1] = ("p", sv.METHOD)
     b.extend(_margin_blocks(ctx))
     fams = table.loc[table["verdict"] != "baseline"].groupby("holm_family", sort=True)["holm_family_size"].first()
     b.append(("p", f"Holm families ({p.holm_source}; `verdict.holm` = `{p.holm}`): "
@@ -489,8 +501,9 @@ def verdicts_section(ctx: Context) -> list:
                      "" if is_base else f"{r['holm_family']} ({r['holm_family_size']})",
                      "" if is_base else p_text(r["p_tost_holm"]),
                      "baseline" if is_base else f"**{r['verdict']}**", _params_text(r)])
-    b.append(("table", ["size", "family", "arm", "seeds", "lr", "val bpb", "Δ vs baseline [95% Welch CI]",
-                        "p (Welch)", "p (Holm)", "Holm family (m)", "p (TOST, Holm)", "verdict", "params"], rows))
+    headers = ["size", "family", "arm", "seeds", "lr", "val bpb", "Δ vs baseline [95% Welch CI]", "p (Welch)",
+               "p (Holm)", "Holm family (m)", "p (TOST, Holm)", "verdict", "params"]
+    b.append(("table", *(sv.table_columns(headers, rows, table) if sequential else (headers, rows))))
     differ = table[table["params_differ"]]
     if len(differ):
         b.append(("p", "Not parameter-matched (each size has one FLOP budget: an arm's tokens follow from its FLOPs "

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
-import numpy as np
 import optuna
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -300,32 +299,15 @@ class Verdict:
     def _decided(self, size_index: int, values: Mapping[tuple[str, str, int], float]) -> set[str]:
         """The arms at this size whose comparison the sequential rule has decided, on the declared family's values
         (arm, size, seed) -> final val bpb (NaN: the run failed) so far; a look a comparison has no seeds for
-        counts as not reached."""
-        from analysis.stats import tost, welch
+        counts as not reached. The rule is sweeps.sequential.decided_at, which the report replays."""
         from sweeps import sequential as q
         from sweeps.plan import family_members
 
-        p, design = self.p, self.p.sequential
+        p = self.p
         size = p.sizes[size_index].name
-        arms = [a.name for a in p.arms if a.name != p.baseline]
-        closed = set()
-        families = {tuple(family_members(p, a, size)) for a in arms}
-        for fam in families:
-            looks = design.looks()
-            p_diff, p_equiv = np.full((1, len(fam), len(looks)), np.nan), np.full((1, len(fam), len(looks)), np.nan)
-            for j, (arm, at) in enumerate(fam):
-                order = p.seed_list([s.name for s in p.sizes].index(at))
-                for k, n in enumerate(looks):
-                    got = [values.get((arm, at, s)) for s in order[:n]]
-                    ref = [values.get((p.baseline, at, s)) for s in order[:n]]
-                    if any(v is None for v in got + ref):
-                        continue  # this look has not been reached
-                    p_diff[0, j, k] = welch(got, ref)["p_value"]
-                    p_equiv[0, j, k] = tost(got, ref, p.margin)["p_value"]
-            d = q.decide(p_diff, p_equiv, *q.level_table(design, len(fam)))
-            closed |= {arm for j, (arm, at) in enumerate(fam)
-                       if at == size and (d.reject_diff[0, j] or d.reject_equiv[0, j])}
-        return closed
+        families = {tuple(family_members(p, a.name, size)) for a in p.arms if a.name != p.baseline}
+        orders = {s.name: p.seed_list(i) for i, s in enumerate(p.sizes)}
+        return q.decided_at(values, families, size, p.baseline, orders, p.sequential, p.margin)
 
     def _wait_for_look(self, size: Size, needed: set[tuple[str, int]], poll_s: float = 5.0) -> dict:
         """(arm, size, seed) -> final val bpb of the protocol's seeds-stage runs (NaN: FAILED or KILLED), once every
