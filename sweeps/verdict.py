@@ -113,6 +113,15 @@ def check_commit(root: Path, allow_dirty: bool, earlier: Mapping[str, int]) -> s
     return head
 
 
+def worker_order(arms: list, index: int, count: int) -> list:
+    """The arms rotated so that worker `index` of `count` starts a size's lr stage at its own share: every worker
+    still searches (or, once another has, reads) every arm's lr, and the results are the same in any order (each
+    (lr, seed) is one stored single-trial study), but the workers walk different arms at once instead of queueing
+    behind the same running trial."""
+    k = len(arms) * index // count if count > 1 else 0
+    return arms[k:] + arms[:k]
+
+
 class Verdict:
     def __init__(self, protocol: ProtocolSpec, train_fn: Callable | None = None, out=None, conf_dir: Path = CONF_DIR,
                  repo: Path = REPO):
@@ -161,9 +170,8 @@ class Verdict:
         """Every arm's best lr at this size, the baseline's first (the walk starts the other arms from it)."""
         base = next(a for a in self.p.arms if a.name == self.p.baseline)
         best = {base.name: self.lr_stage(base, size)}
-        for arm in self.p.arms:
-            if arm.name != base.name:
-                best[arm.name] = self.lr_stage(arm, size, start=best[base.name])
+        for arm in worker_order([a for a in self.p.arms if a.name != base.name], *self.p.worker):
+            best[arm.name] = self.lr_stage(arm, size, start=best[base.name])
         return {a.name: best[a.name] for a in self.p.arms}
 
     def lr_walk(self, arm: ProtocolArm, size: Size, start: float | None) -> float | None:
@@ -182,7 +190,7 @@ class Verdict:
             return sum(vals) / len(vals)
 
         first, second = p.search_seeds()
-        best = float(f"{lr_walk.walk(value, start, ratio, first, second):.6g}")
+        best = float(f"{lr_walk.walk(value, start, ratio, first, second, reverse_first=p.worker[0] % 2 == 1):.6g}")
         mean = value(best, (first, second))
         if mean == float("inf"):
             self.say(f"size {size.name} arm {arm.name}: the walk found no lr that finished; no seeds for this arm")
