@@ -24,9 +24,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ablations.compose import CONF_DIR, compose_run, config_dir
 from ablations.errors import one_line as _short
-from ablations.tracking import tracking_uri
+from ablations.tracking import client as mlflow_client, tracking_uri
 from modules.errors import AblationsError
-from sweeps.plan import plan_seeds
+from sweeps.plan import family_members, plan_seeds
 from sweeps.protocol import ProtocolArm, ProtocolSpec, Size, VerdictError, load_spec, protocol_uri
 from sweeps.study import Sweep
 
@@ -301,7 +301,6 @@ class Verdict:
         counts as not reached."""
         from analysis.stats import tost, welch
         from sweeps import sequential as q
-        from sweeps.plan import family_members
 
         p, design = self.p, self.p.sequential
         size = p.sizes[size_index].name
@@ -330,8 +329,6 @@ class Verdict:
         (arm, seed) of `needed` at this size has one that ended (another worker may still be training its share)."""
         import time
 
-        from ablations.tracking import client as mlflow_client
-
         client = mlflow_client(protocol_uri(self.p, self.conf_dir))
         said = False
         while True:
@@ -357,8 +354,6 @@ class Verdict:
 
     def _earlier_commits(self) -> dict[str, int]:
         """commit -> number of runs of this protocol already in MLflow (any stage, any status)."""
-        from ablations.tracking import client as mlflow_client
-
         client = mlflow_client(protocol_uri(self.p, self.conf_dir))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
@@ -372,8 +367,6 @@ class Verdict:
 
     def _earlier_runs(self, cfg, tags: Mapping[str, str], seed: int) -> list:
         """This (protocol, arm, size, seeds stage, seed)'s runs already in MLflow, any status."""
-        from ablations.tracking import client as mlflow_client
-
         client = mlflow_client(tracking_uri(cfg))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
@@ -386,8 +379,6 @@ class Verdict:
         """End as KILLED the RUNNING runs of a seed this worker is about to run: each seed belongs to one worker
         (ProtocolSpec.my_seeds), so such a run is an earlier attempt whose process died (kill -9, a machine or
         session that ended) without closing it; its re-run replaces it and no run stays RUNNING."""
-        from ablations.tracking import client as mlflow_client
-
         client = mlflow_client(tracking_uri(cfg))
         for r in running:
             client.set_tag(r.info.run_id, "failure_reason", "abandoned: its process ended without closing the run; "
