@@ -251,19 +251,24 @@ def test_no_function_repeats_an_import_of_its_module():
     assert not found, "imports inside functions that the module already makes at its top:\n" + "\n".join(found)
 
 
+def _plant(tmp_path: Path, modules: dict[str, str]) -> dict[str, Path]:
+    """A package `pkg` of the given modules (name -> source) under tmp_path, with an empty __init__; its files."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    for name, text in {"__init__": "", **modules}.items():
+        (pkg / f"{name}.py").write_text(text)
+    return module_files(tmp_path, ("pkg",))
+
+
 def test_the_walk_finds_a_circle_hidden_in_functions(tmp_path):
     """A planted circle: a imports b at module level, b imports c inside a function, c imports a inside a method
     with a relative import; and an import under TYPE_CHECKING that would close a second circle does not count."""
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from pkg.b import f\n")
-    (pkg / "b.py").write_text("def f():\n    import pkg.c\n    return pkg.c\n")
-    (pkg / "c.py").write_text("class C:\n    def m(self):\n        from .a import f\n        return f\n")
-    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nfrom pkg import e\nif TYPE_CHECKING:\n"
-                              "    from pkg.a import f\n")
-    (pkg / "e.py").write_text("def g():\n    from pkg import d\n")
-    graph = import_graph(module_files(tmp_path, ("pkg",)))
+    graph = import_graph(_plant(tmp_path, {
+        "a": "from pkg.b import f\n",
+        "b": "def f():\n    import pkg.c\n    return pkg.c\n",
+        "c": "class C:\n    def m(self):\n        from .a import f\n        return f\n",
+        "d": "from typing import TYPE_CHECKING\nfrom pkg import e\nif TYPE_CHECKING:\n    from pkg.a import f\n",
+        "e": "def g():\n    from pkg import d\n"}))
     assert graph["pkg.c"] == {"pkg.a"} and graph["pkg.d"] == {"pkg.e"}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"], ["pkg.d", "pkg.e"]]
     assert _path_within(graph, ["pkg.a", "pkg.b", "pkg.c"]) == "pkg.a -> pkg.b -> pkg.c -> pkg.a"
@@ -273,20 +278,16 @@ def test_the_walk_follows_importlib(tmp_path):
     """Planted: a discovery loop over the package's own modules (`f"{__package__}.{info.name}"`) whose plug-in
     imports it back, and a constant `import_module("pkg.b")` closed by a function-level import; private modules and
     `__main__` are not discovered, and a name from a dict lookup is not followed."""
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "reg.py").write_text("import importlib\nimport pkgutil\n\ndef discover(path):\n"
-                                "    for info in pkgutil.iter_modules(path):\n"
-                                "        importlib.import_module(f\"{__package__}.{info.name}\")\n")
-    (pkg / "plug.py").write_text("from pkg.reg import discover\n")
-    (pkg / "_private.py").write_text("from pkg import reg\n")
-    (pkg / "__main__.py").write_text("from pkg.reg import discover\n")
-    (pkg / "a.py").write_text("import importlib\nB = importlib.import_module('pkg.b')\n")
-    (pkg / "b.py").write_text("def f():\n    from pkg import a\n")
-    (pkg / "c.py").write_text("from importlib import import_module\nWHERE = {'x': 'pkg.reg'}\n"
-                              "def f(k):\n    return import_module(WHERE[k])\n")
-    graph = import_graph(module_files(tmp_path, ("pkg",)))
+    graph = import_graph(_plant(tmp_path, {
+        "reg": "import importlib\nimport pkgutil\n\ndef discover(path):\n    for info in pkgutil.iter_modules(path):\n"
+               "        importlib.import_module(f\"{__package__}.{info.name}\")\n",
+        "plug": "from pkg.reg import discover\n",
+        "_private": "from pkg import reg\n",
+        "__main__": "from pkg.reg import discover\n",
+        "a": "import importlib\nB = importlib.import_module('pkg.b')\n",
+        "b": "def f():\n    from pkg import a\n",
+        "c": "from importlib import import_module\nWHERE = {'x': 'pkg.reg'}\n"
+             "def f(k):\n    return import_module(WHERE[k])\n"}))
     assert graph["pkg.reg"] == {"pkg.a", "pkg.b", "pkg.c", "pkg.plug"} and graph["pkg.c"] == set()
     assert cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.plug", "pkg.reg"]]
 
@@ -295,16 +296,11 @@ def test_a_repeated_import_is_found(tmp_path):
     """Planted: functions import again from modules the top imports (plainly, another name of the same module, a
     relative import inside a method); another submodule of the same package, a module whose submodule the top
     imports, or what the top imports only under TYPE_CHECKING is no repeat."""
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    for mod in ("__init__", "d", "sub1", "sub2"):
-        (pkg / f"{mod}.py").write_text("")
-    (pkg / "m.py").write_text(
+    files = _plant(tmp_path, {"d": "", "sub1": "", "sub2": "", "m": (
         "from typing import TYPE_CHECKING\nimport os\nimport torch.nn as nn\nfrom a.b import c\nfrom .d import e\n"
         "from . import sub1\nif TYPE_CHECKING:\n    from f import g\n"
         "def one():\n    import os\n    from a.b import x\n"
         "class K:\n    def two(self):\n        from .d import h\n"
-        "def fine():\n    import torch\n    from f import g\n    from . import sub2\n    import json\n")
-    files = module_files(tmp_path, ("pkg",))
-    assert repeated_imports("pkg.m", pkg / "m.py", set(files)) == [
+        "def fine():\n    import torch\n    from f import g\n    from . import sub2\n    import json\n")})
+    assert repeated_imports("pkg.m", files["pkg.m"], set(files)) == [
         "m.py:10: import os", "m.py:11: from a.b import x", "m.py:14: from .d import h"]
