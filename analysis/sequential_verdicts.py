@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.store import AnalysisError
-from analysis.verdict import BETTER, INCONCLUSIVE, WORSE, equivalent_label
+from analysis.verdict import BETTER, INCONCLUSIVE, VERDICT_METRIC, WORSE, equivalent_label
 from modules.errors import ConfigError
 from sweeps import sequential as q
 
@@ -72,7 +72,6 @@ def seed_order(p: ProtocolRuns, cap: int) -> list[int]:
 def store_values(p: ProtocolRuns) -> dict[tuple[str, str, int], float]:
     """(arm, size, seed) -> final val bpb of the seeds stage; NaN for a seed whose runs all FAILED or were KILLED
     (the protocol counted such a seed as run, without a value)."""
-    from analysis.verdict import VERDICT_METRIC
 
     runs = p.runset.runs
     ended = runs[(runs["verdict.protocol"] == p.name) & (runs["verdict.stage"] == "seeds")

@@ -6,6 +6,7 @@ other's command.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,7 +20,9 @@ from ablations.errors import one_line
 from ablations.tracking import tracking_uri
 from modules.errors import ConfigError
 from sweeps.sequential import Design, design_from
-from sweeps.study import SweepError, parse_overrides as _parse_overrides
+from sweeps.errors import SweepError
+from sweeps.settings import parse_overrides as _parse_overrides
+from sweeps.workers import parse_workers, visible_devices, worker_plan
 
 HOLM_SCOPES = ("study", "size", "arm-family")
 MATCHES = ("flops", "tokens")  # verdict.arms.<arm>.match: the size's FLOP budget, or the baseline's tokens at the size
@@ -344,10 +347,6 @@ def _lr_search(lr: Mapping, sizes: list[Size], probe) -> dict:
 def _workers(v: Mapping) -> dict:
     """verdict.workers (a positive integer, or auto: one per core / visible GPU) and verdict.worker (i/N: set by
     `launch` for the processes it starts)."""
-    import os
-
-    from sweeps.study import parse_workers, visible_devices, worker_plan
-
     try:
         n = parse_workers(v.get("workers", 1))
     except SweepError:

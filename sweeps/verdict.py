@@ -23,11 +23,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ablations.compose import CONF_DIR, compose_run, config_dir
 from ablations.errors import one_line as _short
-from ablations.tracking import tracking_uri
+from ablations.tracking import client as mlflow_client, tracking_uri
 from modules.errors import AblationsError
-from sweeps.plan import plan_seeds
+from sweeps.plan import family_members, plan_seeds
 from sweeps.protocol import ProtocolArm, ProtocolSpec, Size, VerdictError, baseline_tokens, load_spec, protocol_uri
 from sweeps.study import Sweep
+from sweeps.workers import local_cores, start_worker, visible_devices, wait_workers, worker_plan
 
 USAGE = """usage: python -m sweeps.verdict [verdict=<name>] [experiment=<name>] [verdict.KEY=VALUE ...] [overrides]
 
@@ -309,7 +310,6 @@ class Verdict:
         (arm, size, seed) -> final val bpb (NaN: the run failed) so far; a look a comparison has no seeds for
         counts as not reached. The rule is sweeps.sequential.decided_at, which the report replays."""
         from sweeps import sequential as q
-        from sweeps.plan import family_members
 
         p = self.p
         size = p.sizes[size_index].name
@@ -321,8 +321,6 @@ class Verdict:
         """(arm, size, seed) -> final val bpb of the protocol's seeds-stage runs (NaN: FAILED or KILLED), once every
         (arm, seed) of `needed` at this size has one that ended (another worker may still be training its share)."""
         import time
-
-        from ablations.tracking import client as mlflow_client
 
         client = mlflow_client(protocol_uri(self.p, self.conf_dir))
         said = False
@@ -349,8 +347,6 @@ class Verdict:
 
     def _earlier_commits(self) -> dict[str, int]:
         """commit -> number of runs of this protocol already in MLflow (any stage, any status)."""
-        from ablations.tracking import client as mlflow_client
-
         client = mlflow_client(protocol_uri(self.p, self.conf_dir))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
@@ -364,8 +360,6 @@ class Verdict:
 
     def _earlier_runs(self, cfg, tags: Mapping[str, str], seed: int) -> list:
         """This (protocol, arm, size, seeds stage, seed)'s runs already in MLflow, any status."""
-        from ablations.tracking import client as mlflow_client
-
         client = mlflow_client(tracking_uri(cfg))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
@@ -378,8 +372,6 @@ class Verdict:
         """End as KILLED the RUNNING runs of a seed this worker is about to run: each seed belongs to one worker
         (ProtocolSpec.my_seeds), so such a run is an earlier attempt whose process died (kill -9, a machine or
         session that ended) without closing it; its re-run replaces it and no run stays RUNNING."""
-        from ablations.tracking import client as mlflow_client
-
         client = mlflow_client(tracking_uri(cfg))
         for r in running:
             client.set_tag(r.info.run_id, "failure_reason", "abandoned: its process ended without closing the run; "
@@ -411,39 +403,22 @@ def main(argv: list[str] | None = None, train_fn=None, conf_dir: Path | None = N
 
 
 def launch(argv: list[str], p: ProtocolSpec, out=None) -> int:
-    """verdict.workers=N: N copies of this command on this machine (placed by sweeps.study.worker_plan: disjoint
+    """verdict.workers=N: N copies of this command on this machine (placed by sweeps.workers.worker_plan: disjoint
     cores, one thread each unless threads= is given), worker i with verdict.worker=i/N. They share every lr study
     through the Optuna storage (each grid point runs once; a worker waits for the others' trials) and split every
     size's seeds (ProtocolSpec.my_seeds), so every run happens exactly once. Returns the first non-zero exit code."""
-    import os
-    import subprocess
-
-    from sweeps.study import visible_devices, worker_plan
-
     out = out or sys.stdout
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    slots = worker_plan(p.workers, visible_devices(), cores)
+    slots = worker_plan(p.workers, visible_devices(), local_cores())
     base = [a for a in argv if not a.lstrip("+~").startswith(("verdict.workers=", "verdict.worker="))]
     user_threads = any(a.lstrip("+~").startswith("threads=") for a in base)
     procs = []
     for i, slot in enumerate(slots):
         extra = ["++verdict.workers=1", f"++verdict.worker={i}/{len(slots)}",  # ++: also where the file lacks the key
                  *([] if user_threads else slot.overrides)]
-
-        def pin(cores=slot.cores):
-            if hasattr(os, "sched_setaffinity"):
-                os.sched_setaffinity(0, cores)
-
-        procs.append(subprocess.Popen([sys.executable, "-m", "sweeps.verdict", *base, *extra],
-                                      env={**os.environ, **slot.env}, preexec_fn=pin))
+        procs.append(start_worker("sweeps.verdict", [*base, *extra], slot))
         print(f"[verdict {p.name}] worker {i}/{len(slots)}: pid {procs[-1].pid}, cores {slot.cores}", file=out,
               flush=True)
-    try:
-        codes = [proc.wait() for proc in procs]
-    except KeyboardInterrupt:  # Ctrl-C reached the workers too (one process group): let them end their runs
-        for proc in procs:
-            proc.wait()
-        raise
+    codes = wait_workers(procs)
     print(f"[verdict {p.name}] workers done, exit codes {codes}", file=out, flush=True)
     return next((c for c in codes if c), 0)
 
