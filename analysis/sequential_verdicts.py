@@ -72,7 +72,6 @@ def seed_order(p: ProtocolRuns, cap: int) -> list[int]:
 def store_values(p: ProtocolRuns) -> dict[tuple[str, str, int], float]:
     """(arm, size, seed) -> final val bpb of the seeds stage; NaN for a seed whose runs all FAILED or were KILLED
     (the protocol counted such a seed as run, without a value)."""
-
     runs = p.runset.runs
     ended = runs[(runs["verdict.protocol"] == p.name) & (runs["verdict.stage"] == "seeds")
                  & runs["status"].isin(["FAILED", "KILLED"]) & runs["seed"].notna()]
