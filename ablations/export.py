@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError
+from .errors import AblationsError, ConfigError
 
 USAGE = "usage: python -m ablations.export run_id=<MLflow run id> out=DIR [tracking.uri=URI] [--log]"
 TOLERANCE = 1e-4  # fp32 max |logit difference| accepted between our model and the exported one
@@ -360,8 +360,6 @@ def parse_args(argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from .errors import AblationsError
-
     try:
         from .generate import load_run
         from .tracking import client, tracking_uri

@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import torch
 
 from .errors import TrackingError, one_line
-from .tracking import DEFAULT_MAX_OUTAGE_S, OutageBound
+from .tracking import DEFAULT_MAX_OUTAGE_S, OutageBound, client
 
 _PEAK_CACHE: dict = {}
 
@@ -117,8 +117,6 @@ class MetricsCallback(pl.Callback):
         from mlflow.exceptions import MlflowException
 
         if self._client is None:
-            from .tracking import client
-
             self._client = client(self.uri)
         t0 = time.perf_counter()
         try:

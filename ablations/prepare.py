@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError, DataError, TokenizerError
+from .errors import AblationsError, ConfigError, DataError, TokenizerError, exit_code
 from .shards import (FORMAT_VERSION, MANIFEST, SPLITS, ShardWriter, dtype_for, read_manifest, shard_name,
                      verify_shard, write_manifest)
 from .sources import Source, atomic_write_bytes, default_cache_dir, open_source, remove_dead_writers_temps
@@ -549,7 +549,6 @@ def main(argv: list[str]) -> int:
     from hydra.errors import HydraException
 
     from .compose import check_argv, compose
-    from .errors import AblationsError, exit_code
 
     try:
         cfg = compose(argv)

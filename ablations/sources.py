@@ -24,7 +24,7 @@ import sysconfig
 import tempfile
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -314,12 +314,10 @@ def _parquet_scan_options() -> dict:
     scanner keeps decoding ahead of a consumer slower than it. Measured on one 198 MB parquet file of 315 MB of text,
     streamed: prepare's peak 868 MB, 689 MB with pre_buffer=False, and read a row group at a time (now
     ``ParquetStream``) the 430 MB of the same text in 16 MB files. A datasets without these options gets none."""
-    import dataclasses
-
     import pyarrow.dataset as pds
     from datasets.packaged_modules.parquet.parquet import ParquetConfig
 
-    if "fragment_scan_options" not in {f.name for f in dataclasses.fields(ParquetConfig)}:
+    if "fragment_scan_options" not in {f.name for f in fields(ParquetConfig)}:
         return {}
     return {"fragment_scan_options": pds.ParquetFragmentScanOptions(pre_buffer=False)}
 

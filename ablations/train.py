@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from modules.options import is_int
 
 from . import tracking as trk
-from .budget import budget_flops, steps_for_budget, tokens_per_step
+from .budget import budget_flops, budget_tokens, steps_for_budget, steps_for_tokens, tokens_per_step
 from .checkpoints import (AtomicCheckpoint, check_compatible, final_checkpoint, load_final_checkpoint, load_resumable,  # noqa: F401
                           locate_auto, resumed_line, save_atomic)
 from .data import TokenData, TokenDataModule, check_windows, prepare_data
@@ -293,11 +293,15 @@ def check_memory(cfg: DictConfig, model: GPT, hw: Hardware, shape: StepShape) ->
 
 def apply_budget(cfg: DictConfig, model: GPT, shape: StepShape) -> float | None:
     """trainer.budget.flops / tokens_per_param -> trainer.max_steps from this model's own FLOPs per token, so arms
-    and sizes are compared at matched compute (ablations/budget.py). Returns the budget in FLOPs (None: none)."""
-    flops = budget_flops(cfg.trainer.get("budget"), model.config)
+    and sizes are compared at matched compute; trainer.budget.tokens -> max_steps from the tokens per step alone
+    (matched data: ablations/budget.py). Returns the budget in FLOPs (None: none)."""
+    budget = cfg.trainer.get("budget")
+    flops = budget_flops(budget, model.config)
     if flops is not None:
-        cfg.trainer.max_steps = steps_for_budget(flops, model.config, shape.batch_size, shape.accumulate,
-                                                 shape.world)
+        tokens = budget_tokens(budget)
+        step = (shape.batch_size, shape.accumulate, shape.world)
+        cfg.trainer.max_steps = steps_for_tokens(tokens, model.config, *step) if tokens is not None else \
+            steps_for_budget(flops, model.config, *step)
     return flops
 
 

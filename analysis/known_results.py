@@ -28,7 +28,7 @@ from analysis import protocol
 from analysis.document import ci_text, fixed, lr_text, p_text, signed
 from analysis.engine import Context, Kind, section
 from analysis.literature import BETTER, EQUIVALENT, EXPECTED, FINDINGS, WORSE, Finding
-from analysis.verdict import VERDICT_METRIC
+from analysis.verdict import INCONCLUSIVE, VERDICT_METRIC
 
 EXTRAPOLATION_CSV = "reports/extrapolation/report/context.csv"  # relative to the repository (the scripts' cwd)
 LR_TRANSFER_STORE = "reports/lr-transfer/480-steps/mlflow.db.gz"  # the μP re-run (issue 25): μP as it is built now
@@ -357,7 +357,6 @@ def undecided_frame(ctx: Context) -> pd.DataFrame:
     one: to detect it (two-sided Welch at alpha / m, m its Holm family's size), and, when it lies inside the
     margin, to show equivalence within ±m (TOST at alpha / m); at the observed seed sds and at their 80% upper
     bounds."""
-    from analysis.verdict import INCONCLUSIVE
     from analysis.power import power_difference, power_tost, sd_upper, seeds_needed
 
     t, margin = ctx.once(protocol.verdict_table), ctx.margin.value

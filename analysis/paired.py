@@ -59,8 +59,8 @@ def paired_blocks(res: dict | None, path: str | None) -> list:
                    f"rounds of {res.get('steps_per_round')} training steps (forward, backward, clipping, AdamW) of "
                    f"{res.get('tokens_per_step')} tokens each; model `{res.get('model')}`, "
                    f"{res.get('precision')} on {res.get('device')} ({res.get('device_name')}, {res.get('threads')} "
-                   f"threads), torch {res.get('torch')}; load average {res.get('load_average_start')} → "
-                   f"{res.get('load_average_end')}. Ratio: per round, arm tokens/s ÷ `{ref}` tokens/s in the same "
+                   f"threads), torch {res.get('torch')}; load average {_load(res.get('load_average_start'))} → "
+                   f"{_load(res.get('load_average_end'))}. Ratio: per round, arm tokens/s ÷ `{ref}` tokens/s in the same "
                    "round; geometric mean over rounds with a 95% t interval on the log ratios. Command: "
                    f"`{res.get('command', 'python -m ablations.paired')}`."))
     if res.get("path_rule"):
@@ -112,3 +112,8 @@ def history_blocks(history: list[dict], ref: str) -> list:
                   f"`{ref}` [95% CI] in each. Their commands: " +
                   "; ".join(f"`{h.get('command')}`" for h in history) + "."),
             ("table", ["arm", *cols], rows)]
+
+
+def _load(value) -> str:
+    """A load average as the report prints it (2 decimals; "n/a" where the platform has none)."""
+    return "n/a" if value is None else f"{value:.2f}"

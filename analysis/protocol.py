@@ -15,7 +15,9 @@ sections, in order (analysis/engine.py):
   verdict is exactly one of better / worse / equivalent within ±m / inconclusive (analysis/verdict.py). The margin m
   is `--margin`, else the one recorded before the runs (`verdict.margin`), else none. Each row gives the arm's lr
   and whether its parameter count differs from the baseline's; with a paired test declared (`verdict.paired`), the
-  paired Δ and the correlation beside Welch's.
+  paired Δ and the correlation beside Welch's. Runs that added their seeds sequentially (`verdict.sequential.*`)
+  get the stopping rule's verdicts instead, replayed from the store (analysis/sequential_verdicts.py), the fixed
+  rule's p-values kept as descriptive columns.
 - **n-gram floor** (analysis/common.py), **lr search**: per size and arm, final val bpb at each lr of the grid, the
   chosen lr (the one the seeds ran at) marked, and a note when it is at an edge of the grid.
 - **Scaling**: per arm, mean final loss against compute (analysis.scaling.run_compute: a run's `flops_seen` at its
@@ -32,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import common, forest, lr_search, scaling  # noqa: F401  (common, lr_search: sections register)
+from analysis import sequential_verdicts as sv
 from analysis.document import ci_text, machine_of, margin_text, mean_std, p_text, params_vs, sci, signed
 from analysis.engine import Context, Kind, section
 from analysis.floor import floor_for_runs, floor_line, headline
@@ -196,9 +199,9 @@ def _margin_blocks(ctx: Context) -> list:
             if mg.wide(float(r["mean"]))]
     out = [("p", text)]
     if sequential_design(ctx.extra.seeds):
-        out.append(("p", sequential_design(ctx.extra.seeds) + ". Each comparison stopped getting seeds once the "
-                         "sequential rule decided it (sweeps/sequential.py); the verdicts below are this report's "
-                         "fixed rule on the seeds each arm got, the protocol's log has the stopping rule's own."))
+        out.append(("p", sv.rule_paragraph(sequential_design(ctx.extra.seeds))))
+        if sv.mismatch_line(t):
+            out.append(("p", sv.mismatch_line(t)))
     if wide:
         out.append(("p", f"**Wide margin**: m is more than {WIDE_MARGIN:.0%} of the baseline's val bpb at "
                          + ", ".join(wide) + ". An equivalence that only a wide margin buys is not a finding; "
@@ -221,6 +224,9 @@ def verdicts_section(ctx: Context) -> list:
                    "equivalence was shown (a non-significant p is not evidence of no difference). lr: the arm's "
                    "best lr (the seeds ran at it). params: whether the arm's parameter count differs from the "
                    "baseline's."))
+    sequential = sv.decided_sequentially(table)
+    if sequential:  # the stopping rule decided: its method replaces the fixed rule's
+        b[-1] = ("p", sv.METHOD)
     b.extend(_margin_blocks(ctx))
     fams = table.loc[table["verdict"] != "baseline"].groupby("holm_family", sort=True)["holm_family_size"].first()
     b.append(("p", f"Holm families ({p.holm_source}; `verdict.holm` = `{p.holm}`): "
@@ -236,15 +242,20 @@ def verdicts_section(ctx: Context) -> list:
                      "" if is_base else f"{r['holm_family']} ({r['holm_family_size']})",
                      "" if is_base else p_text(r["p_tost_holm"]),
                      "baseline" if is_base else f"**{r['verdict']}**", _params_text(r)])
-    b.append(("table", ["size", "family", "arm", "seeds", "lr", "val bpb", "Δ vs baseline [95% Welch CI]",
-                        "p (Welch)", "p (Holm)", "Holm family (m)", "p (TOST, Holm)", "verdict", "params"], rows))
+    headers = ["size", "family", "arm", "seeds", "lr", "val bpb", "Δ vs baseline [95% Welch CI]", "p (Welch)",
+               "p (Holm)", "Holm family (m)", "p (TOST, Holm)", "verdict", "params"]
+    b.append(("table", *(sv.table_columns(headers, rows, table) if sequential else (headers, rows))))
     differ = table[table["params_differ"]]
     if len(differ):
         b.append(("p", "Not parameter-matched (each size has one FLOP budget: an arm's tokens follow from its FLOPs "
                        "per token, not from its parameter count): " + "; ".join(
             f"`{r['arm']}` at `{r['size']}` ({r['params']:,.0f} vs {r['params_baseline']:,.0f} parameters; "
-            + _tokens_text(r, table) + ")" for _, r in differ.iterrows())
+            + _tokens_text(r, table, _tokens_matched(p)) + ")" for _, r in differ.iterrows())
             + ". A quality difference mixes the architecture with its size."))
+    if _tokens_matched(p):
+        b.append(("p", "Matched at tokens, not FLOPs (`match: tokens`, tag `verdict.match`): " + ", ".join(
+            f"`{a}`" for a in _tokens_matched(p)) + " trained the baseline's tokens (its steps) at every size, at "
+            "their own FLOPs per token; every other arm, the size's FLOP budget."))
     b.extend(_machines_blocks(ctx))
     b.extend(plan_blocks(ctx, table))
     b.extend(_paired_blocks(ctx))
@@ -293,14 +304,21 @@ def _paired_blocks(ctx: Context) -> list:
             ("table", ["size", "arm", "Δ [95% Welch CI]", "shared seeds", "paired Δ [95% t CI]", "r"], rows)]
 
 
-def _tokens_text(r, table: pd.DataFrame) -> str:
+def _tokens_matched(p) -> list[str]:
+    """The arms whose seeds ran at the baseline's tokens (tag verdict.match=tokens; untagged runs: flops)."""
+    tag = p.seeds["verdict.match"] if "verdict.match" in p.seeds else pd.Series("flops", index=p.seeds.index)
+    return sorted(set(p.seeds.loc[tag == "tokens", "verdict.arm"]))
+
+
+def _tokens_text(r, table: pd.DataFrame, matched=()) -> str:
     """Whether an arm trained on as many tokens as the baseline at its size (from the runs' tokens_seen)."""
     base = table[(table["size"] == r["size"]) & (table["verdict"] == "baseline")]
     if not len(base) or not np.isfinite(r["tokens"]) or not np.isfinite(base["tokens"].iloc[0]):
         return "tokens not recorded"
     t, tb = r["tokens"], base["tokens"].iloc[0]
-    if t == tb:
-        return f"the same FLOPs per token and the same {t:,.0f} tokens as the baseline"
+    if t == tb:  # at the baseline's tokens by design (match: tokens), else because the FLOPs per token agree
+        return f"the baseline's {t:,.0f} tokens (match: tokens)" if r["arm"] in matched else \
+            f"the same FLOPs per token and the same {t:,.0f} tokens as the baseline"
     cost = "fewer" if t > tb else "more"
     return f"{t:,.0f} tokens vs the baseline's {tb:,.0f}: {cost} FLOPs per token"
 
@@ -338,7 +356,9 @@ def scaling_section(ctx: Context) -> list:
     if rows:
         b.append(("p", "Mean final val loss (nats/token) of the seeds against the compute each run spent (its "
                        "`flops_seen` at the last step: flops_per_token × tokens trained on, the budget actually "
-                       "spent, never more than the size's budget):"))
+                       "spent, never more than the size's budget" + ("; arms matched at tokens: " + ", ".join(
+                           _tokens_matched(p)) + ", the baseline's tokens at their own FLOPs per token"
+                           if _tokens_matched(p) else "") + "):"))
         b.append(("table", ["arm", "size", "seeds", "compute (FLOPs)", "final val loss"], rows))
     b.extend(common.scaling_blocks(ctx, sc, p.arms))
     if sc.ok:

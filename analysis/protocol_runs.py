@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analysis import sequential_verdicts as sv
 from analysis.stats import paired_t
 from analysis.store import AnalysisError, RunSet
 from analysis.verdict import VERDICT_METRIC, Margin, compare_pairs
@@ -189,7 +190,13 @@ def verdicts(p: ProtocolRuns, margin: Margin) -> pd.DataFrame:
                                       "tost_ci_low", "tost_ci_high", "holm_family", "holm_family_size", "margin",
                                       "verdict")})
     table = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
-    return with_paired(p, table) if p.paired else table
+    table = with_paired(p, table) if p.paired else table
+    design = sv.recorded_design(p.seeds)
+    if design is None:
+        return table
+    # seeds added sequentially: the verdict is the stopping rule's, replayed (analysis/sequential_verdicts.py)
+    families = {(s, a): family_of(p, s, a) for s in p.sizes for a in p.arms if a != p.baseline}
+    return sv.apply(p, table, margin.value, families, design)
 
 
 PAIRED_COLUMNS = ["paired_n", "paired_delta", "paired_ci_low", "paired_ci_high", "correlation"]

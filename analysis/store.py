@@ -79,6 +79,13 @@ VERDICT_TAGS = (
     "verdict.primary",
     "verdict.allow_dirty",
     "verdict.paired",  # "true": the verdict file declared a paired test before the runs (arms share seeds' data order)
+    "verdict.match",  # "tokens": the arm trained the baseline's tokens at its size, not the size's FLOPs (absent: flops)
+    # verdict.seeds: sequential: the design the seeds were added by (the report replays its looks)
+    "verdict.sequential.first",
+    "verdict.sequential.batch",
+    "verdict.sequential.cap",
+    "verdict.sequential.spending",
+    "verdict.sequential.alpha",
 )
 # Counters logged every step whose latest value (the last step's) is what a run spent: compute and tokens.
 LAST_STEP_METRICS = ("flops_seen", "tokens_seen", "budget_flops")

@@ -35,6 +35,7 @@ def main(argv=None) -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[32, 48, 64, 96])
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 16, 8, 4])
     parser.add_argument("--min-steps", type=int, default=300)
+    parser.add_argument("--hold", choices=["tokens-per-param", "tokens"], default="tokens-per-param")
     args = parser.parse_args(argv)
     text = Path(args.data).read_text(encoding="utf-8")
     train, _ = split_docs([("input.txt", text)], 0.1)  # the char tokenizer: one token per character
@@ -56,9 +57,12 @@ def main(argv=None) -> None:
     for w in args.widths:
         cfg, _ = model_config(vocab, [f"model.n_embd={w}"])
         n, fpt = accounting.param_counts(cfg)["params"], accounting.flops_per_token(cfg)
-        fits = [b for b in args.batches if tpp * n / tokens_per_step(b, block) >= args.min_steps]
-        batch = fits[0] if fits else args.batches[-1]
-        steps = round(tpp * n / tokens_per_step(batch, block))
+        if args.hold == "tokens":  # the known-results rung's batch and steps: the same tokens at every width
+            batch, steps = known_batch, known_steps
+        else:
+            fits = [b for b in args.batches if tpp * n / tokens_per_step(b, block) >= args.min_steps]
+            batch = fits[0] if fits else args.batches[-1]
+            steps = round(tpp * n / tokens_per_step(batch, block))
         # half a step over the steps' FLOPs, at 5 digits: the harness's floor(budget / FLOPs per step) is `steps`
         budget = float(f"{(steps + 0.5) * tokens_per_step(batch, block) * fpt:.5g}")
         assert steps_for_budget(budget, cfg, batch) == steps, (w, budget, steps)

@@ -2,7 +2,7 @@
 
 The n-gram floor of a study's data: composes the training config (any training override: data=, tokenizer=,
 model.block_size=, data.val_windows=), prepares the same token file the runs train on (ablations.data), fits the
-count models of analysis/ngram.py on the train split and scores them on the runs' val targets, in bpb. `log=true`
+count models of ablations/ngram.py on the train split and scores them on the runs' val targets, in bpb. `log=true`
 records it as a run of the MLflow experiment `ngram-floor` at tracking.uri, where reports find it (analysis/floor.py).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from analysis.floor import FLOOR_EXPERIMENT, FLOOR_METRIC, floor_tags
-from analysis.ngram import floor_bpb, full_targets, window_targets
+from ablations.ngram import floor_bpb, full_targets, window_targets
 
 USAGE = """usage: python -m sweeps.floor [orders=[1,2,3,4,5]] [scope=windows|full] [discount=D] [log=true]
                                 [training overrides: experiment=... data=... tokenizer=... model.block_size=...]

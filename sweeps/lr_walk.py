@@ -12,9 +12,11 @@ REACH = 6  # the walk goes at most ratio**6 (64x at ratio 2) from its start
 
 
 def walk(value: Callable[[float, tuple[int, ...]], float | None], start: float, ratio: float, first: int,
-         second: int) -> float:
+         second: int, reverse_first: bool = False) -> float:
     """The chosen lr. value(lr, seeds) is the mean final val bpb of the runs of lr at those seeds (running them when
-    needed; +inf when one failed; None when that lr cannot be run, e.g. a replay's store lacks it)."""
+    needed; +inf when one failed; None when that lr cannot be run, e.g. a replay's store lacks it). reverse_first:
+    probe the start and its two neighbours in the reverse order (a second worker then runs one of them beside the
+    first worker's instead of waiting on it); the three are probed either way, so the choice is the same."""
     one: dict[int, float] = {}  # probe j (lr = start * ratio**j) -> its first seed's value
 
     def probe(j: int) -> None:
@@ -23,7 +25,7 @@ def walk(value: Callable[[float, tuple[int, ...]], float | None], start: float, 
             if v is not None:
                 one[j] = v
 
-    for j in (0, -1, 1):
+    for j in ((1, -1, 0) if reverse_first else (0, -1, 1)):
         probe(j)
     j, side = 0, [k for k in (-1, 1) if k in one]
     if side:

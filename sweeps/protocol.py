@@ -6,7 +6,8 @@ other's command.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,9 +20,12 @@ from ablations.errors import one_line
 from ablations.tracking import tracking_uri
 from modules.errors import ConfigError
 from sweeps.sequential import Design, design_from
-from sweeps.study import SweepError, parse_overrides as _parse_overrides
+from sweeps.errors import SweepError
+from sweeps.settings import parse_overrides as _parse_overrides
+from sweeps.workers import parse_workers, visible_devices, worker_plan
 
 HOLM_SCOPES = ("study", "size", "arm-family")
+MATCHES = ("flops", "tokens")  # verdict.arms.<arm>.match: the size's FLOP budget, or the baseline's tokens at the size
 LR_SEARCHES = ("grid", "walk")  # verdict.lr.search: the exhaustive grid, or the lean walk (sweeps/lr_walk.py)  # one Holm family: every primary comparison / per size / per family+size
 
 
@@ -36,6 +40,7 @@ class ProtocolArm:
     family: str
     overrides: tuple[str, ...]
     lr_grid: tuple[float, ...] = ()  # this arm's own lr grid (verdict.arms.<arm>.lr_grid; () = verdict.lr.grid)
+    match: str = "flops"             # MATCHES: what this arm shares with the baseline at a size (its budget)
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class ProtocolSpec:
     recipe: tuple[str, ...] = ()       # verdict.recipe: the training recipe, before the size's, arm's and user's
     sequential: Design | None = None   # verdict.sequential: the group-sequential design (sweeps.sequential)
     stop_early: bool = False           # verdict.seeds: sequential (seeds in batches, each comparison stopped once decided)
+    match_tokens: dict = field(default_factory=dict)  # size -> the baseline's training tokens there (`baseline_tokens`)
 
     def search_seeds(self) -> tuple[int, ...]:
         return self.lr_seeds or (self.lr_seed,)
@@ -85,7 +91,17 @@ class ProtocolSpec:
         """The training overrides of every run of (arm, size): the recipe first, the user's last (they win)."""
         head = [f"experiment={self.experiment}"] if self.experiment else []
         return [*head, f"tracking.experiment={self.name}", *self.recipe, *size.overrides,
-                f"trainer.budget.flops={size.budget_flops:g}", *arm.overrides, *self.overrides]
+                *self.budget_overrides(arm, size), *arm.overrides, *self.overrides]
+
+    def budget_overrides(self, arm: ProtocolArm, size: Size) -> list[str]:
+        """The size's FLOP budget, or (match: tokens) the baseline's tokens at the size in its place: the arm then
+        runs the baseline's max_steps whatever its own FLOPs per token."""
+        if arm.match == "flops":
+            return [f"trainer.budget.flops={size.budget_flops:g}"]
+        if size.name not in self.match_tokens:  # filled by baseline_tokens (sweeps.verdict.load_protocol)
+            raise VerdictError(f"arm {arm.name} has match: tokens but the baseline's tokens at size {size.name} were "
+                               "not computed: load the protocol with sweeps.verdict.load_protocol")
+        return ["trainer.budget.flops=null", f"trainer.budget.tokens={self.match_tokens[size.name]:d}"]
 
     def seed_list(self, size_index: int) -> list[int]:
         """Seeds of the seeds stage: 0, 1, 2, ... skipping the lr stage's seeds."""
@@ -108,7 +124,7 @@ class ProtocolSpec:
                 "verdict.budget_flops": f"{size.budget_flops:g}", "verdict.margin": f"{self.margin:g}",
                 "verdict.margin_reason": self.margin_reason[:5000], "verdict.holm": self.holm,
                 "verdict.primary": self.primary_text(), "verdict.allow_dirty": str(self.allow_dirty).lower(),
-                "verdict.paired": str(self.paired).lower(),
+                "verdict.paired": str(self.paired).lower(), "verdict.match": arm.match,
                 **(self.sequential.tags() if self.stop_early and self.sequential else {})}
 
     def is_primary(self, arm: str, size: str) -> bool:
@@ -168,17 +184,21 @@ def _arms(v: Mapping, params, experiment) -> list[ProtocolArm]:
     for name, spec in raw.items():
         if not isinstance(spec, Mapping) or not isinstance(spec.get("overrides", []), list):
             raise VerdictError(f"invalid verdict.arms.{name}={spec!r}: expected {{family: F, overrides: [...]}}")
-        unknown = sorted(set(spec) - {"family", "overrides", "lr_grid"})
+        unknown = sorted(set(spec) - {"family", "overrides", "lr_grid", "match"})
         if unknown:
             raise VerdictError(f"invalid verdict.arms.{name}.{unknown[0]}: unknown key; an arm has family, overrides "
-                               "and optionally lr_grid")
+                               "and optionally lr_grid and match")
+        match = spec.get("match", "flops")
+        if match not in MATCHES:
+            raise VerdictError(f"invalid verdict.arms.{name}.match={match!r}: choose flops (the size's FLOP budget) or "
+                               "tokens (the baseline's tokens at each size)")
         overrides = tuple(str(o) for o in spec.get("overrides", []))
         grid = spec.get("lr_grid") or []
         if not isinstance(grid, list) or not all(_positive(x) for x in grid):
             raise VerdictError(f"invalid verdict.arms.{name}.lr_grid={grid!r}: expected a list of learning rates > 0 "
                                "(or leave it out for verdict.lr.grid)")
         arms.append(ProtocolArm(str(name), str(spec.get("family") or "arms"), overrides,
-                                tuple(float(x) for x in grid)))
+                                tuple(float(x) for x in grid), match))
     return arms
 
 
@@ -255,9 +275,42 @@ def protocol_uri(p: ProtocolSpec, conf_dir: Path = CONF_DIR) -> str:
     """The tracking URI of the protocol's runs (they all share it: its first arm at its first size tells)."""
     with config_dir(conf_dir, job_name="verdict"):
         try:
-            return tracking_uri(compose_run(p.run_overrides(p.arms[0], p.sizes[0])))
+            # the flops form of the arm: the URI does not depend on the budget, which may not be computed yet
+            return tracking_uri(compose_run(p.run_overrides(replace(p.arms[0], match="flops"), p.sizes[0])))
         except (HydraException, OmegaConfBaseException) as e:
             raise VerdictError(f"config error: {one_line(e)}") from None
+
+
+def baseline_tokens(p: ProtocolSpec, conf_dir: Path = CONF_DIR) -> dict[str, int]:
+    """size -> the tokens the baseline trains on at that size: its steps under the size's FLOP budget x tokens per
+    step, from its config composed exactly as its runs compose it, through the functions its runs use
+    (ablations.train.check_config, ablations.budget.steps_for_budget), so a `match: tokens` arm given these tokens
+    runs exactly the baseline's max_steps. {} when no arm has match: tokens."""
+    from ablations.budget import steps_for_budget
+    from ablations.train import check_config
+
+    if all(a.match == "flops" for a in p.arms):
+        return {}
+    base = replace(next(a for a in p.arms if a.name == p.baseline), match="flops")  # its own budget
+    out = {}
+    with config_dir(conf_dir, job_name="verdict"):
+        for size in p.sizes:
+            try:
+                cfg = compose_run(p.run_overrides(base, size))
+            except (HydraException, OmegaConfBaseException) as e:
+                raise VerdictError(f"config error for the baseline at size {size.name}: {one_line(e)}") from None
+            try:
+                shape = check_config(cfg)
+                if cfg.tokenizer.get("vocab_size") is None:  # char: the corpus's vocabulary, as the run fills it in
+                    from ablations.data import prepare_data
+
+                    cfg.tokenizer.vocab_size = prepare_data(cfg.data, str(cfg.tokenizer.name)).tokenizer.vocab_size
+                model = OmegaConf.to_container(cfg.model, resolve=True)
+                steps = steps_for_budget(size.budget_flops, model, shape.batch_size, shape.accumulate, shape.world)
+            except ConfigError as e:
+                raise VerdictError(f"the baseline at size {size.name}: {e}") from None
+            out[size.name] = steps * shape.tokens
+    return out
 
 
 def _lr_search(lr: Mapping, sizes: list[Size], probe) -> dict:
@@ -294,10 +347,6 @@ def _lr_search(lr: Mapping, sizes: list[Size], probe) -> dict:
 def _workers(v: Mapping) -> dict:
     """verdict.workers (a positive integer, or auto: one per core / visible GPU) and verdict.worker (i/N: set by
     `launch` for the processes it starts)."""
-    import os
-
-    from sweeps.study import parse_workers, visible_devices, worker_plan
-
     try:
         n = parse_workers(v.get("workers", 1))
     except SweepError:

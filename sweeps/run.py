@@ -3,7 +3,7 @@
 Create, join or resume the Optuna study described by ``conf/sweep/<name>.yaml`` and run trials through
 ``ablations.train.train`` until the study has ``sweep.n_trials`` trials in total (over all workers and runs).
 Start the same command on several machines with a shared ``sweep.storage=postgresql://...`` to add workers;
-``sweep.workers=N|auto`` starts N of them on this machine (``sweeps.study.launch_workers``).
+``sweep.workers=N|auto`` starts N of them on this machine (``sweeps.workers.launch_workers``).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None, train_fn=None, conf_dir=None) -> int:
     for tests and embedding."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
-        from sweeps.study import available_sweeps
+        from sweeps.settings import available_sweeps
 
         print(USAGE)
         print(f"\nsweeps: {', '.join(available_sweeps())}")

@@ -222,6 +222,9 @@ class Decisions:
     reject_diff: np.ndarray  # (S, m) D_i rejected (a difference shown)
     reject_equiv: np.ndarray  # (S, m) E_i rejected (equivalence within the margin shown)
     diff_look: np.ndarray    # (S, m) the look whose data rejected D_i (-1: not rejected)
+    equiv_look: np.ndarray   # (S, m) the look whose data rejected E_i (-1: not rejected)
+    diff_row: np.ndarray     # (S, m) r when D_i was rejected: it crossed the design's boundary at alpha / r (0: not)
+    equiv_row: np.ndarray    # (S, m) the same for E_i
 
 
 def _earliest(p: np.ndarray, levels: np.ndarray) -> np.ndarray:
@@ -242,7 +245,8 @@ def decide(p_diff, p_equiv, two: np.ndarray, one: np.ndarray) -> Decisions:
     rd, re = np.zeros((S, m), bool), np.zeros((S, m), bool)
     open_ = np.ones((S, m), bool)
     stop = np.full((S, m), K - 1)
-    diff_look = np.full((S, m), -1)
+    diff_look, equiv_look = np.full((S, m), -1), np.full((S, m), -1)
+    diff_row, equiv_row = np.zeros((S, m), int), np.zeros((S, m), int)
     si, ci = np.arange(S)[:, None], np.arange(m)[None, :]
     for k in range(K):
         limit = np.where(open_, k, stop)  # the last look each comparison has data for
@@ -252,14 +256,56 @@ def decide(p_diff, p_equiv, two: np.ndarray, one: np.ndarray) -> Decisions:
             new_d, new_e = ~rd & (at_d <= limit), ~re & (at_e <= limit)
             if not (new_d.any() or new_e.any()):
                 break
-            diff_look = np.where(new_d, at_d, diff_look)
+            diff_look, equiv_look = np.where(new_d, at_d, diff_look), np.where(new_e, at_e, equiv_look)
+            diff_row, equiv_row = np.where(new_d, r, diff_row), np.where(new_e, r, equiv_row)
             rd, re = rd | new_d, re | new_e
         now = open_ & (rd | re)
         stop = np.where(now, k, stop)
         open_ &= ~now
         if not open_.any():
             break
-    return Decisions(stop, rd, re, diff_look)
+    return Decisions(stop, rd, re, diff_look, equiv_look, diff_row, equiv_row)
+
+
+# --------------------------------------------------------------------------------------------- a study's store
+def study_looks(values, family, baseline: str, orders, looks, margin: float) -> tuple[np.ndarray, ...]:
+    """(delta, p_diff, p_equiv, df), each (1, m, K): Welch's test and TOST (analysis.stats, the report's own tests)
+    of each comparison (arm, size) of `family` against the baseline at its size, on the first n_k seeds of the
+    size's order at every look; NaN at a look not reached (a seed of the arm or the baseline without a value).
+
+    values: (arm, size, seed) -> final val bpb (NaN: the run failed; Welch and TOST drop it). orders: size -> the
+    seeds in the order the seeds stage adds them."""
+    from analysis.stats import tost, welch
+
+    out = np.full((4, 1, len(family), len(looks)), np.nan)
+    for j, (arm, size) in enumerate(family):
+        for k, n in enumerate(looks):
+            got = [values.get((arm, size, s)) for s in orders[size][:n]]
+            ref = [values.get((baseline, size, s)) for s in orders[size][:n]]
+            if len(got) < n or any(v is None for v in got + ref):
+                continue  # this look has not been reached
+            w = welch(got, ref)
+            out[:, 0, j, k] = w["delta"], w["p_value"], tost(got, ref, margin)["p_value"], w["df"]
+    return tuple(out)
+
+
+def decide_study(values, family, baseline: str, orders, design: Design, margin: float):
+    """The sequential rule (`decide`) on one declared family of a study's comparisons, from its values so far:
+    (Decisions of one study, (delta, p_diff, p_equiv, df) from `study_looks`)."""
+    looks = study_looks(values, family, baseline, orders, design.looks(), margin)
+    return decide(looks[1], looks[2], *level_table(design, len(family))), looks
+
+
+def decided_at(values, families, size: str, baseline: str, orders, design: Design, margin: float) -> set[str]:
+    """The arms whose comparison at `size` the rule has decided (a hypothesis rejected) on the values so far, each
+    family (a list of (arm, size)) decided as a whole: the protocol asks this after every look, and the report
+    replays the same questions."""
+    closed = set()
+    for fam in families:
+        d, _ = decide_study(values, fam, baseline, orders, design, margin)
+        closed |= {arm for j, (arm, at) in enumerate(fam)
+                   if at == size and (d.reject_diff[0, j] or d.reject_equiv[0, j])}
+    return closed
 
 
 EQUIVALENT, BETTER, WORSE, INCONCLUSIVE = 0, 1, 2, 3  # verdict codes

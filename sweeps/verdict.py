@@ -17,18 +17,18 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
-import numpy as np
 import optuna
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from ablations.compose import CONF_DIR, compose_run, config_dir
 from ablations.errors import one_line as _short
-from ablations.tracking import tracking_uri
+from ablations.tracking import client as mlflow_client, tracking_uri
 from modules.errors import AblationsError
-from sweeps.plan import plan_seeds
-from sweeps.protocol import ProtocolArm, ProtocolSpec, Size, VerdictError, load_spec, protocol_uri
+from sweeps.plan import family_members, plan_seeds
+from sweeps.protocol import ProtocolArm, ProtocolSpec, Size, VerdictError, baseline_tokens, load_spec, protocol_uri
 from sweeps.study import Sweep
+from sweeps.workers import local_cores, start_worker, visible_devices, wait_workers, worker_plan
 
 USAGE = """usage: python -m sweeps.verdict [verdict=<name>] [experiment=<name>] [verdict.KEY=VALUE ...] [overrides]
 
@@ -49,8 +49,10 @@ examples:
 
 
 def load_protocol(argv: list[str], conf_dir: Path = CONF_DIR) -> ProtocolSpec:
-    """The protocol of a command line, with its seed counts planned by sweeps.plan when it says `seeds: plan`."""
+    """The protocol of a command line, with its seed counts planned by sweeps.plan when it says `seeds: plan`, and the
+    baseline's tokens at each size when an arm has `match: tokens`."""
     p = load_spec(argv, conf_dir)
+    p.match_tokens = baseline_tokens(p, conf_dir)  # match: tokens arms train the baseline's tokens at each size
     if p.planned:
         p.seeds_by_size = plan_seeds(p, conf_dir=conf_dir)
     return p
@@ -112,6 +114,15 @@ def check_commit(root: Path, allow_dirty: bool, earlier: Mapping[str, int]) -> s
     return head
 
 
+def worker_order(arms: list, index: int, count: int) -> list:
+    """The arms rotated so that worker `index` of `count` starts a size's lr stage at its own share: every worker
+    still searches (or, once another has, reads) every arm's lr, and the results are the same in any order (each
+    (lr, seed) is one stored single-trial study), but the workers walk different arms at once instead of queueing
+    behind the same running trial."""
+    k = len(arms) * index // count if count > 1 else 0
+    return arms[k:] + arms[:k]
+
+
 class Verdict:
     def __init__(self, protocol: ProtocolSpec, train_fn: Callable | None = None, out=None, conf_dir: Path = CONF_DIR,
                  repo: Path = REPO):
@@ -160,9 +171,8 @@ class Verdict:
         """Every arm's best lr at this size, the baseline's first (the walk starts the other arms from it)."""
         base = next(a for a in self.p.arms if a.name == self.p.baseline)
         best = {base.name: self.lr_stage(base, size)}
-        for arm in self.p.arms:
-            if arm.name != base.name:
-                best[arm.name] = self.lr_stage(arm, size, start=best[base.name])
+        for arm in worker_order([a for a in self.p.arms if a.name != base.name], *self.p.worker):
+            best[arm.name] = self.lr_stage(arm, size, start=best[base.name])
         return {a.name: best[a.name] for a in self.p.arms}
 
     def lr_walk(self, arm: ProtocolArm, size: Size, start: float | None) -> float | None:
@@ -181,7 +191,7 @@ class Verdict:
             return sum(vals) / len(vals)
 
         first, second = p.search_seeds()
-        best = float(f"{lr_walk.walk(value, start, ratio, first, second):.6g}")
+        best = float(f"{lr_walk.walk(value, start, ratio, first, second, reverse_first=p.worker[0] % 2 == 1):.6g}")
         mean = value(best, (first, second))
         if mean == float("inf"):
             self.say(f"size {size.name} arm {arm.name}: the walk found no lr that finished; no seeds for this arm")
@@ -298,39 +308,19 @@ class Verdict:
     def _decided(self, size_index: int, values: Mapping[tuple[str, str, int], float]) -> set[str]:
         """The arms at this size whose comparison the sequential rule has decided, on the declared family's values
         (arm, size, seed) -> final val bpb (NaN: the run failed) so far; a look a comparison has no seeds for
-        counts as not reached."""
-        from analysis.stats import tost, welch
+        counts as not reached. The rule is sweeps.sequential.decided_at, which the report replays."""
         from sweeps import sequential as q
-        from sweeps.plan import family_members
 
-        p, design = self.p, self.p.sequential
+        p = self.p
         size = p.sizes[size_index].name
-        arms = [a.name for a in p.arms if a.name != p.baseline]
-        closed = set()
-        families = {tuple(family_members(p, a, size)) for a in arms}
-        for fam in families:
-            looks = design.looks()
-            p_diff, p_equiv = np.full((1, len(fam), len(looks)), np.nan), np.full((1, len(fam), len(looks)), np.nan)
-            for j, (arm, at) in enumerate(fam):
-                order = p.seed_list([s.name for s in p.sizes].index(at))
-                for k, n in enumerate(looks):
-                    got = [values.get((arm, at, s)) for s in order[:n]]
-                    ref = [values.get((p.baseline, at, s)) for s in order[:n]]
-                    if any(v is None for v in got + ref):
-                        continue  # this look has not been reached
-                    p_diff[0, j, k] = welch(got, ref)["p_value"]
-                    p_equiv[0, j, k] = tost(got, ref, p.margin)["p_value"]
-            d = q.decide(p_diff, p_equiv, *q.level_table(design, len(fam)))
-            closed |= {arm for j, (arm, at) in enumerate(fam)
-                       if at == size and (d.reject_diff[0, j] or d.reject_equiv[0, j])}
-        return closed
+        families = {tuple(family_members(p, a.name, size)) for a in p.arms if a.name != p.baseline}
+        orders = {s.name: p.seed_list(i) for i, s in enumerate(p.sizes)}
+        return q.decided_at(values, families, size, p.baseline, orders, p.sequential, p.margin)
 
     def _wait_for_look(self, size: Size, needed: set[tuple[str, int]], poll_s: float = 5.0) -> dict:
         """(arm, size, seed) -> final val bpb of the protocol's seeds-stage runs (NaN: FAILED or KILLED), once every
         (arm, seed) of `needed` at this size has one that ended (another worker may still be training its share)."""
         import time
-
-        from ablations.tracking import client as mlflow_client
 
         client = mlflow_client(protocol_uri(self.p, self.conf_dir))
         said = False
@@ -357,8 +347,6 @@ class Verdict:
 
     def _earlier_commits(self) -> dict[str, int]:
         """commit -> number of runs of this protocol already in MLflow (any stage, any status)."""
-        from ablations.tracking import client as mlflow_client
-
         client = mlflow_client(protocol_uri(self.p, self.conf_dir))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
@@ -372,8 +360,6 @@ class Verdict:
 
     def _earlier_runs(self, cfg, tags: Mapping[str, str], seed: int) -> list:
         """This (protocol, arm, size, seeds stage, seed)'s runs already in MLflow, any status."""
-        from ablations.tracking import client as mlflow_client
-
         client = mlflow_client(tracking_uri(cfg))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
@@ -386,8 +372,6 @@ class Verdict:
         """End as KILLED the RUNNING runs of a seed this worker is about to run: each seed belongs to one worker
         (ProtocolSpec.my_seeds), so such a run is an earlier attempt whose process died (kill -9, a machine or
         session that ended) without closing it; its re-run replaces it and no run stays RUNNING."""
-        from ablations.tracking import client as mlflow_client
-
         client = mlflow_client(tracking_uri(cfg))
         for r in running:
             client.set_tag(r.info.run_id, "failure_reason", "abandoned: its process ended without closing the run; "
@@ -419,39 +403,22 @@ def main(argv: list[str] | None = None, train_fn=None, conf_dir: Path | None = N
 
 
 def launch(argv: list[str], p: ProtocolSpec, out=None) -> int:
-    """verdict.workers=N: N copies of this command on this machine (placed by sweeps.study.worker_plan: disjoint
+    """verdict.workers=N: N copies of this command on this machine (placed by sweeps.workers.worker_plan: disjoint
     cores, one thread each unless threads= is given), worker i with verdict.worker=i/N. They share every lr study
     through the Optuna storage (each grid point runs once; a worker waits for the others' trials) and split every
     size's seeds (ProtocolSpec.my_seeds), so every run happens exactly once. Returns the first non-zero exit code."""
-    import os
-    import subprocess
-
-    from sweeps.study import visible_devices, worker_plan
-
     out = out or sys.stdout
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    slots = worker_plan(p.workers, visible_devices(), cores)
+    slots = worker_plan(p.workers, visible_devices(), local_cores())
     base = [a for a in argv if not a.lstrip("+~").startswith(("verdict.workers=", "verdict.worker="))]
     user_threads = any(a.lstrip("+~").startswith("threads=") for a in base)
     procs = []
     for i, slot in enumerate(slots):
         extra = ["++verdict.workers=1", f"++verdict.worker={i}/{len(slots)}",  # ++: also where the file lacks the key
                  *([] if user_threads else slot.overrides)]
-
-        def pin(cores=slot.cores):
-            if hasattr(os, "sched_setaffinity"):
-                os.sched_setaffinity(0, cores)
-
-        procs.append(subprocess.Popen([sys.executable, "-m", "sweeps.verdict", *base, *extra],
-                                      env={**os.environ, **slot.env}, preexec_fn=pin))
+        procs.append(start_worker("sweeps.verdict", [*base, *extra], slot))
         print(f"[verdict {p.name}] worker {i}/{len(slots)}: pid {procs[-1].pid}, cores {slot.cores}", file=out,
               flush=True)
-    try:
-        codes = [proc.wait() for proc in procs]
-    except KeyboardInterrupt:  # Ctrl-C reached the workers too (one process group): let them end their runs
-        for proc in procs:
-            proc.wait()
-        raise
+    codes = wait_workers(procs)
     print(f"[verdict {p.name}] workers done, exit codes {codes}", file=out, flush=True)
     return next((c for c in codes if c), 0)
 

@@ -274,7 +274,7 @@ def test_mup_base_sweep_reaches_the_multipliers():
     from omegaconf import OmegaConf
 
     from sweeps.space import to_overrides
-    from sweeps.study import SweepSettings
+    from sweeps.settings import SweepSettings
 
     raw = OmegaConf.to_container(OmegaConf.load(CONF / "sweep" / "mup-base.yaml"), resolve=True)
     settings = SweepSettings.from_config("mup-base", raw)

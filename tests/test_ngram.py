@@ -1,4 +1,4 @@
-"""The n-gram floor (analysis/ngram.py, analysis/floor.py): interpolated Kneser-Ney against probabilities counted
+"""The n-gram floor (ablations/ngram.py, analysis/floor.py): interpolated Kneser-Ney against probabilities counted
 by hand, the modified-KN discounts of Chen & Goodman (1998) eq. 26, a plain-dict reference implementation, the
 val targets of ablations.data, and the CLI logging a floor that find_floor reads back."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from analysis.ngram import KneserNey, floor_bpb, full_targets, modified_kn_discounts, window_targets
+from ablations.ngram import KneserNey, floor_bpb, full_targets, modified_kn_discounts, window_targets
 from sweeps.floor import main
 
 # a b a c a b b a c a  (a=0, b=1, c=2): bigrams ab ba ac ca ab bb ba ac ca

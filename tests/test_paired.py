@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ablations.paired import main, parse_arm, ratio_summary
+from ablations.bench.timing import ratio_summary
+from ablations.paired import main, parse_arm
 
 T_975_DF4 = 2.776445  # Student's t, 97.5th percentile, 4 degrees of freedom (any t table)
 
@@ -76,7 +77,8 @@ def test_each_arm_runs_at_its_own_precision_batch_and_context(monkeypatch):
     from outside (GPT.forward wrapped): the dtype of its logits and the shape of its input are the arm's own."""
     import torch
 
-    from ablations.paired import measure, summary_lines
+    from ablations.bench.paired import measure
+    from ablations.paired import summary_lines
     from modules.gpt import GPT
 
     seen = []
@@ -137,7 +139,7 @@ def test_an_emulated_precision_is_said_in_one_line(monkeypatch, capsys, peaks, a
 def test_rounds_alternate_the_order_of_the_arms(monkeypatch):
     """Each place in a round as often for every arm (A B C, C B A, ...): in one fixed order the place alone moved a
     ratio (docs/bench.md). The models' forward calls are watched in the order they run."""
-    from ablations.paired import measure
+    from ablations.bench.paired import measure
     from modules.gpt import GPT
 
     ran = []
@@ -250,7 +252,7 @@ class _Timed:
 
 
 def test_fastest_path_keeps_the_faster_candidate_by_a_paired_probe():
-    from ablations.paired import choose_paths
+    from ablations.bench.paired import choose_paths
 
     ran = []
     fast_compile = {"eager": _Timed(0.004, ran, "a-eager"), "compile": _Timed(0.001, ran, "a-compile")}

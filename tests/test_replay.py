@@ -57,3 +57,27 @@ def test_a_clear_effect_stops_at_the_first_look_and_costs_its_own_runs():
 def test_the_committed_report_regenerates_byte_for_byte(tmp_path):
     assert replay.main(["--out", str(tmp_path)]) == 0
     assert filecmp.cmp(tmp_path / "index.md", replay.REPO / "reports/cheaper-verdicts/index.md", shallow=False)
+
+
+@pytest.mark.parametrize("curve", [
+    {1e-3: (2.60, 2.60), 2e-3: (2.50, 2.50), 4e-3: (2.55, 2.55), 8e-3: (2.40, 2.40), 1.6e-2: (2.45, 2.45)},
+    {1e-3: (2.50, 2.50), 2e-3: (2.38, 2.46), 4e-3: (2.41, 2.41), 8e-3: (2.60, 2.60)}])
+def test_a_second_workers_order_runs_the_same_probes_and_chooses_the_same_lr(curve):
+    """sweeps.verdict's second worker walks with reverse_first (its first probe beside the first worker's) and
+    starts the arms at its own share (worker_order): the same lr and the same set of runs, in another order."""
+    from sweeps.lr_walk import walk
+    from sweeps.verdict import worker_order
+
+    def runner(log):
+        def value(lr, seeds):
+            log.extend((lr, s) for s in seeds)
+            return sum(curve[lr][s - 100] for s in seeds) / len(seeds)
+        return value
+
+    start = 4e-3 if 1.6e-2 in curve else 2e-3
+    first, second = [], []
+    assert walk(runner(first), start, 2.0, 100, 101) == walk(runner(second), start, 2.0, 100, 101, reverse_first=True)
+    assert first[:3] != second[:3] and set(first) == set(second)
+    arms = list("abcdefg")
+    assert worker_order(arms, 0, 2) == arms and worker_order(arms, 1, 2) == list("defgabc")
+    assert worker_order(arms, 0, 1) == arms and sorted(worker_order(arms, 2, 3)) == arms

@@ -12,6 +12,19 @@ from modules.kernels import rms_norm as rms_kernel
 from modules.norms.rmsnorm import rms_norm
 
 
+def test_the_kernels_cpp_is_package_data():
+    """The kernel is compiled from the .cpp beside its loader at run time, so an installed wheel must carry it."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert rms_kernel._SOURCE.is_file() and rms_kernel._SOURCE.parent == Path(rms_kernel.__file__).parent
+    sources = [f.name for f in rms_kernel._SOURCE.parent.iterdir() if f.suffix in (".cpp", ".h", ".cu")]
+    assert sources and all(any(fnmatch.fnmatch(f, pat) for pat in patterns["modules.kernels"]) for f in sources)
+
+
 def test_the_kernel_is_built_here():
     # CI has a compiler and ninja (pyproject): a missing kernel there is a failure, not a fallback to accept
     assert rms_kernel.kernel() is not None, rms_kernel._built.get("why")

@@ -11,7 +11,8 @@ import sys
 import optuna
 import pytest
 
-from sweeps.study import SweepError, parse_workers, visible_devices, worker_plan
+from sweeps.errors import SweepError
+from sweeps.workers import parse_workers, visible_devices, worker_plan
 from sweeps_testing import REPO, tiny_overrides, worker_env
 
 

@@ -21,7 +21,7 @@ def test_shipped_sweeps_parse():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from sweeps.study import SweepSettings, available_sweeps
+    from sweeps.settings import SweepSettings, available_sweeps
 
     names = available_sweeps()
     assert {"lr", "architecture", "pareto"} <= set(names)
@@ -67,7 +67,7 @@ def test_variants_space_is_every_variant_with_a_conf_file():
     """`{type: variants}` expands from modules.registry: the same names as the family's conf/<family>/*.yaml."""
     from omegaconf import OmegaConf
 
-    from sweeps.study import SweepSettings
+    from sweeps.settings import SweepSettings
 
     space = SearchSpace.from_config({"norm": {"type": "variants"},
                                      "attention": {"type": "variants", "exclude": ["mla"]}})
@@ -208,7 +208,8 @@ def test_cli_subprocess_unknown_sweep(tmp_path):
 def test_samplers_and_pruners_selectable():
     from omegaconf import OmegaConf
 
-    from sweeps.study import SweepSettings, make_pruner, make_sampler
+    from sweeps.samplers import make_pruner, make_sampler
+    from sweeps.settings import SweepSettings
 
     raw = OmegaConf.to_container(OmegaConf.load(REPO / "conf/sweep/lr.yaml"), resolve=True)
     trainer = {"max_steps": 400, "val_check_interval": 50}

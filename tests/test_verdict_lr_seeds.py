@@ -15,7 +15,7 @@ BPB = {(1e-3, 100): 1.0, (1e-3, 101): 3.0, (1e-2, 100): 1.5, (1e-2, 101): 1.6}
 
 def test_lr_stage_chooses_by_the_mean_over_its_seeds(tmp_path, monkeypatch):
     # no run reaches MLflow here (the fake training returns no run id): skip creating its store, the test's cost
-    monkeypatch.setattr("sweeps.study.MlflowLinks.check", lambda self: None)
+    monkeypatch.setattr("sweeps.links.MlflowLinks.check", lambda self: None)
     assert statistics.fmean([BPB[1e-2, s] for s in (100, 101)]) < statistics.fmean([BPB[1e-3, s] for s in (100, 101)])
     trained = []
 
@@ -39,7 +39,7 @@ def test_lr_stage_chooses_by_the_mean_over_its_seeds(tmp_path, monkeypatch):
 def test_an_arm_searches_its_own_lr_grid(tmp_path, monkeypatch):
     """verdict.arms.<arm>.lr_grid: this arm runs its grid (a wide one, for an lr-sensitivity curve); the others the
     protocol's verdict.lr.grid."""
-    monkeypatch.setattr("sweeps.study.MlflowLinks.check", lambda self: None)
+    monkeypatch.setattr("sweeps.links.MlflowLinks.check", lambda self: None)
     trained = []
 
     def fake_train(cfg, callbacks=(), tags=None):  # bpb grows with the distance from lr 4e-3

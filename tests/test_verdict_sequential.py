@@ -21,7 +21,7 @@ TRUTH = {"base": (2.40, 0.002), "far": (2.20, 0.002), "same": (2.40, 0.001), "no
 def test_seeds_stop_once_decided_and_the_baseline_runs_while_any_is_open(tmp_path, monkeypatch):
     from ablations.tracking import client as mlflow_client
 
-    monkeypatch.setattr("sweeps.study.MlflowLinks.check", lambda self: None)
+    monkeypatch.setattr("sweeps.links.MlflowLinks.check", lambda self: None)
     uri = f"sqlite:///{tmp_path}/m.db"
     trained: dict[str, list[int]] = {}
 
@@ -67,7 +67,7 @@ def test_seeds_stop_once_decided_and_the_baseline_runs_while_any_is_open(tmp_pat
 def test_the_lr_walk_starts_each_arm_from_the_baselines_lr(tmp_path, monkeypatch):
     """verdict.lr.search: walk. The baseline walks from the middle of its grid, the arm from the baseline's choice;
     each (lr, seed) runs once (a probe's first seed is reused when the walk confirms it)."""
-    monkeypatch.setattr("sweeps.study.MlflowLinks.check", lambda self: None)
+    monkeypatch.setattr("sweeps.links.MlflowLinks.check", lambda self: None)
     trained = []
     optimum = {"base": 4e-3, "arm": 1.6e-2}
 

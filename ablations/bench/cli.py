@@ -1,10 +1,15 @@
-"""The command line of `python -m ablations.bench`: options -> a run -> the printed table, the JSON, MLflow."""
+"""The command line of `python -m ablations.bench`: options -> a run -> the printed table, the JSON, MLflow.
+
+It finds the sections by importing every module of the package; it is the only module that does, and no section
+imports it, so the discovery closes no import circle (the sections import core.py, which only holds the registry)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
+import pkgutil
 import sys
 import time
 from pathlib import Path
@@ -13,8 +18,16 @@ import torch
 
 from ablations.malloc import keep_freed_memory
 
-from .core import DTYPES, Options, sections
-from .runner import run
+from .core import DTYPES, Options, Section, registered
+from .runner import run, selected
+
+
+def sections() -> dict[str, type[Section]]:
+    """name -> Section class of every module of this package, in table order (imports them on first use)."""
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__package__}.{info.name}")
+    return registered()
 
 
 def usage() -> str:
@@ -104,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False  # "fp32" means fp32: the 32-true peak and MFU stay honest
     start = time.perf_counter()
-    out = run(overrides, tuple(chosen), opts, log=_log)
+    out = run(overrides, selected(sections(), chosen), opts, log=_log)
     out["bench_wall_sec"] = time.perf_counter() - start
     print_table(out, overrides, opts.json)
     opts.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,13 @@
-"""What every section of the bench shares: the options, the run's context (`Bench`), the section registry, the
-composed model and the number format of the table."""
+"""What every section of the bench shares: the options, the run's context (`Bench`), the section registry (filled
+by `@section`; cli.py imports the sections), the composed model and the number format of the table."""
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 Row = tuple[str, str]  # (name, figures): one line of the printed table
@@ -118,11 +116,8 @@ def section(cls: type[Section]) -> type[Section]:
     return cls
 
 
-def sections() -> dict[str, type[Section]]:
-    """name -> Section class of every module of this package, in table order (imports them on first use)."""
-    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__package__}.{info.name}")
+def registered() -> dict[str, type[Section]]:
+    """name -> Section class of every section imported so far, in table order."""
     return dict(sorted(_SECTIONS.items(), key=lambda kv: kv[1].order))
 
 
@@ -135,8 +130,6 @@ def build_model(model_cfg: dict, device: str = "cpu"):
 
 def model_dict(cfg: DictConfig) -> dict:
     """The composed model config as a plain dict, with a vocabulary size even where only the corpus knows it."""
-    from omegaconf import OmegaConf
-
     model = OmegaConf.to_container(cfg.model, resolve=True)
     if model.get("vocab_size") is None:  # char tokenizer: vocabulary size is only known after reading the corpus
         model["vocab_size"] = 65

@@ -41,7 +41,7 @@ from ablations.compose import CONF_DIR, compose
 from ablations.prepare import prepare
 
 from .core import Bench, Figures, Section, fmt, model_dict, section
-from .timing import best_time
+from .timing import best_time, ratio_summary
 from .train import BareTrainer
 
 REPO = CONF_DIR.parent
@@ -119,11 +119,10 @@ def hf_overrides(folder: Path, cache: Path, num_proc: int, shards: Path | None =
 def prepare_vs_tiktoken(folder: Path, work: Path, threads: int, rounds: int, log) -> dict:
     """MB/s of `python -m ablations.prepare` (end to end: its own process, launch to exit) and of tiktoken's batch
     encoder on the same texts, best of rounds, the two in alternating order, and their ratio per round (geometric
-    mean, 95% interval: ablations.paired.ratio_summary); with the start-up seconds prepare's last line reports and
+    mean, 95% interval: timing.ratio_summary); with the start-up seconds prepare's last line reports and
     the CPU seconds of each (less moved by other jobs' load than wall time)."""
     import resource
 
-    from ablations.paired import ratio_summary
 
     import pyarrow.parquet as pq
 

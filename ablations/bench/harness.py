@@ -5,7 +5,7 @@ After every harness step a callback runs one step of the bare loop (`BareTrainer
 batch shape) and takes its time out of the harness's clock. Per logging window of the harness
 (`trainer.log_every_n_steps` optimizer steps; its throughput excludes validation, checkpoints and tracking calls),
 the ratio is the harness's tokens/s over that of the bare steps run within the window, summarised as a geometric
-mean with a 95% t interval (`ablations.paired.ratio_summary`); the first window (start-up) is left out. Runs made
+mean with a 95% t interval (`timing.ratio_summary`); the first window (start-up) is left out. Runs made
 minutes apart on a shared machine differ by the load, not by the harness: the unpaired figure (the harness's
 whole-run tokens/s over the `train` section's best 1-s round) is kept in the JSON for comparison.
 """
@@ -18,6 +18,7 @@ import time
 from modules.errors import AblationsError
 
 from .core import Bench, Figures, Section, fmt, section
+from .timing import ratio_summary
 from .train import BareTrainer, training_batches
 
 
@@ -79,8 +80,6 @@ def harness_tokens_per_sec(overrides: list[str], steps: int, callbacks=()) -> di
 
 def paired_harness(bench: Bench, precision: str, steps: int) -> dict:
     """The harness at `precision` for `steps` steps, a bare step after each of its steps; -> figures."""
-    from ablations.paired import ratio_summary
-
     log_every = int(bench.cfg.tracking.get("log_every_n_steps") or bench.cfg.trainer.log_every_n_steps)
     T, V = bench.model["block_size"], bench.model["vocab_size"]
     batches, _ = training_batches(V, bench.batch_size, T, n=16)

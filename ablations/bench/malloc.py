@@ -21,6 +21,7 @@ from ablations.compose import CONF_DIR
 from ablations.malloc import GLIBC_ENV
 
 from .core import Bench, Figures, Section, section
+from .timing import ratio_summary
 
 _CHILD = """
 import json, resource, sys, time
@@ -73,8 +74,6 @@ class Malloc(Section):
             raise SystemExit("ablations.bench: the malloc section measures CPU training; run it with --device cpu")
 
     def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
-        from ablations.paired import ratio_summary
-
         steps = bench.opts.steps or (5 if bench.opts.quick else 40)
         rounds = bench.opts.rounds or (2 if (bench.opts.quick or bench.opts.steps) else 8)
         values, rows = {}, []

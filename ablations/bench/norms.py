@@ -1,7 +1,7 @@
 """Section `norms`: RMSNorm against LayerNorm, in the whole model and kernel by kernel.
 
 - paired training, in 32-true and in bf16-mixed: the composed model with norm=layernorm and with norm=rmsnorm,
-  built in this process and timed in interleaved rounds (`ablations.paired.measure`): tokens/s of rmsnorm over
+  built in this process and timed in interleaved rounds (`ablations.bench.paired.measure`): tokens/s of rmsnorm over
   layernorm per round, geometric mean and 95% t interval; the figure `python -m ablations.paired --model small-cpu
   --steps 10 --rounds 8 'layernorm=trainer.precision=P' 'rmsnorm=trainer.precision=P norm=rmsnorm'` prints.
 - in training (CPU): each norm's forward and backward per call inside real training steps (the bare loop), this
@@ -25,7 +25,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .core import Bench, Figures, Section, section
+from .core import Bench, Figures, Section, model_dict, section
+from .paired import measure
 
 
 class _Nothing(torch.autograd.Function):
@@ -176,9 +177,7 @@ def _us(seconds: float) -> str:
 
 
 def paired_training(bench: Bench, precision: str, steps: int, rounds: int) -> tuple[dict, tuple[str, str]]:
-    """Paired training tokens/s, rmsnorm over layernorm, at `precision` (`ablations.paired.measure`)."""
-    from ablations.paired import measure
-
+    """Paired training tokens/s, rmsnorm over layernorm, at `precision` (`ablations.bench.paired.measure`)."""
     model, arms = paired_arms(bench.overrides, precision)
     bench.log(f"norms: paired training layernorm vs rmsnorm ({model}, {precision}, {rounds} rounds x {steps} steps)")
     res = measure(model, arms, steps, rounds, device=bench.device, log=bench.log)
@@ -197,8 +196,6 @@ def paired_training(bench: Bench, precision: str, steps: int, rounds: int) -> tu
 def in_training(bench: Bench, precision: str, steps: int) -> tuple[dict, tuple[str, str]]:
     """Each norm's forward and backward per call inside training steps of the bench's model at `precision`."""
     from ablations.compose import compose
-
-    from .core import model_dict
 
     model, arms = paired_arms(bench.overrides, precision)
     out = {}

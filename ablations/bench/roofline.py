@@ -17,9 +17,13 @@ element-wise work is nil (MLA's latent norm aside) and their differences lie in 
 """
 from __future__ import annotations
 
+from statistics import median
+
 from modules.config import GPTConfig
 
-from .core import Bench, Figures, Section, fmt, section
+from .core import Bench, Figures, Section, fmt, model_dict, section
+from .paired import measure
+from .timing import mean_interval
 
 FAMILIES = ("position", "norm", "mlp")
 ACT_SIZE = {"32-true": 4, "bf16-mixed": 2}  # bytes of an activation leaving a matmul
@@ -39,10 +43,6 @@ def roofline_arms(base: dict) -> list[tuple[str, list[str]]]:
 def extra_time(base: list[float], arm: list[float], tokens: int) -> dict:
     """Per round, the arm's seconds per step minus the baseline's (rates in tokens/s of the same rounds): the mean
     with a 95% t interval (None with one round) and the median."""
-    from statistics import median
-
-    from ablations.paired import mean_interval
-
     d = [tokens / a - tokens / b for b, a in zip(base, arm, strict=True)]
     mean, half = mean_interval(d)
     return {"extra_sec": mean, "extra_sec_ci_low": None if half is None else mean - half,
@@ -62,7 +62,6 @@ class Roofline(Section):
             raise SystemExit(f"ablations.bench: roofline: {exc.args[0]}") from None
 
     def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
-        from ablations.paired import measure
         from modules.elementwise import extra_bytes
 
         bandwidth = earlier["bandwidth_bytes_per_sec"]["triad"]
@@ -103,7 +102,5 @@ class Roofline(Section):
 def _model_of(model: str | None, overrides: list[str]) -> dict:
     """The model dict an arm of ablations.paired composes (the same compose)."""
     from ablations.compose import compose
-
-    from .core import model_dict
 
     return model_dict(compose(([f"model={model}"] if model else []) + overrides))

@@ -12,13 +12,12 @@ from ablations.compose import compose
 from ablations.malloc import describe as malloc_mode
 
 from .ceilings import plan_precisions
-from .core import Bench, Options, Row, Section, model_dict, sections
+from .core import Bench, Options, Row, Section, model_dict
 from .timing import fixed_steps, interleaved
 
 
-def selected(chosen: tuple[str, ...]) -> list[Section]:
-    """The chosen sections and those they need, in table order, each a fresh instance."""
-    registry = sections()
+def selected(registry: dict[str, type[Section]], chosen: list[str]) -> list[Section]:
+    """The chosen sections and those they need, in table order (the registry's), each a fresh instance."""
     wanted = set(chosen)
     for name in chosen:
         wanted.update(registry[name].needs)
@@ -51,13 +50,12 @@ def shared_rounds(bench: Bench, work: dict[str, dict[str, Callable[[], float]]],
     return interleaved(items, bench.window, bench.rounds, bench.device, warmup=warmup)
 
 
-def run(overrides: list[str], chosen: tuple[str, ...], opts: Options,
+def run(overrides: list[str], chain: list[Section], opts: Options,
         log: Callable[[str], None] = lambda msg: None) -> dict:
     cfg = compose(overrides)
     bench = Bench(overrides, cfg, model_dict(cfg), opts, window=opts.window or (0.25 if opts.quick else 1.0),
                   rounds=opts.rounds or (2 if opts.quick else 3), log=log)
     out = header(bench)
-    chain = selected(chosen)
     for s in chain:  # refuse bad options before measuring anything
         s.check(bench)
     rows: list[Row] = []

@@ -1,9 +1,12 @@
 """How the bench times work. The machine is shared and noisy: items are timed side by side in interleaved rounds
-(A B C A B C ...), so ratios between them compare figures taken under the same load."""
+(A B C A B C ...), so ratios between them compare figures taken under the same load; a paired ratio is summarised
+per round (`ratio_summary`)."""
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from statistics import median
 
 from ablations.inference_timing import sync
 
@@ -91,3 +94,28 @@ def timed_rate(fn: Callable[[], float], seconds: float, device: str) -> float:
         elapsed = time.perf_counter() - t0
         if elapsed >= seconds:
             return amount / elapsed
+
+
+def mean_interval(values: list[float]) -> tuple[float, float | None]:
+    """(mean, half-width of its 95% t interval) over rounds; the half-width is None with one round."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+
+
+def ratio_summary(reference, arm) -> dict:
+    """Paired per-round ratios arm/reference: their geometric mean and a 95% t interval on the log ratios.
+
+    reference, arm: tokens/s of the same rounds. With one round there is no interval (None)."""
+    per_round = [a / r for r, a in zip(reference, arm, strict=True)]
+    mean, half = mean_interval([math.log(v) for v in per_round])
+    out = {"ratio": math.exp(mean), "ratio_ci_low": None, "ratio_ci_high": None, "ratio_median": median(per_round),
+           "ratio_per_round": per_round}
+    if half is not None:
+        out.update(ratio_ci_low=math.exp(mean - half), ratio_ci_high=math.exp(mean + half))
+    return out
