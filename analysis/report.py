@@ -76,9 +76,10 @@ def build_report(query: str, out: str | Path, baseline: str | None = None, track
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0],
+                                usage="%(prog)s [KIND] QUERY [options]",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("words", nargs="+", metavar="[KIND] QUERY",
+    p.add_argument("words", nargs="+", metavar="KIND QUERY",
                    help=f"the report kind ({', '.join(['auto', *KINDS])}; default auto) and the MLflow experiment "
                         "name or search filter")
     p.add_argument("--kind", default=None, choices=("auto", *KINDS), help="the kind, older spelling of KIND")
