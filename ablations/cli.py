@@ -12,9 +12,11 @@ that one declaration. Values are read as YAML, as Hydra reads an override's valu
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 HELP = ("-h", "--help")
@@ -40,6 +42,13 @@ def shown(value: Any) -> str:
 def wrapped(head: str, text: str, indent: int) -> list[str]:
     """`head` then `text` wrapped at 118 columns, continuation lines indented under the text."""
     return textwrap.wrap(text, 118, initial_indent=head.ljust(indent), subsequent_indent=" " * indent) or [head]
+
+
+def yaml_options(path, prefix: str) -> tuple["Option", ...]:
+    """`prefix + key` for each scalar key of a config file, its value the default and its comment the help: the
+    file stays the one list of those options."""
+    found = re.findall(r"^(\w+):[ \t]*([^#\n]*?)[ \t]*(?:#[ \t]*(.*))?$", Path(path).read_text(), re.M)
+    return tuple(Option(prefix + key, why, yaml_value(value)) for key, value, why in found if value)
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,7 @@ class Command:
             lines.append("options (key=value):")
         for o in self.options:
             default = "" if o.default is None or o.switch and o.default is False else f" (default {shown(o.default)})"
-            lines += wrapped(f"  {spelled[o.key]}", o.help + default, width)
+            lines += wrapped(f"  {spelled[o.key]}", (o.help + default).strip(), width)
         lines += wrapped("other key=value arguments: ", self.rest, 2) if self.rest else \
             ["no other arguments" + (f" than {self.positional}" if self.positional else "")]
         for n in self.notes:

@@ -36,18 +36,10 @@ import torch.nn.functional as F
 
 from modules.options import is_int
 
-from .cli import Command, Option, yaml_value
+from .cli import Command, Option, yaml_options
 from .compose import CONF_DIR
 
 MODES = ("nonoverlap", "sliding")
-
-
-def eval_options() -> tuple[Option, ...]:
-    """eval.KEY of conf/eval/default.yaml, its default and its comment as the help: the file is the one list."""
-    import re
-
-    found = re.findall(r"^(\w+):\s*(.*?)\s*#\s*(.*)$", (CONF_DIR / "eval" / "default.yaml").read_text(), re.M)
-    return tuple(Option(f"eval.{key}", why, yaml_value(value)) for key, value, why in found)
 
 
 COMMAND = Command(
@@ -58,7 +50,7 @@ COMMAND = Command(
              Option("threads", "torch intra-op threads"),
              Option("position.scaling", "a RoPE scaling to evaluate with, e.g. {name: yarn, factor: 4, "
                                         "original_max: 64}"),
-             *eval_options()),
+             *yaml_options(CONF_DIR / "eval" / "default.yaml", "eval.")),
     examples=("run_id=<id> eval.contexts=[64,128,256,512] eval.mode=nonoverlap",
               "run_id=<id> eval.mode=sliding eval.stride=16"))
 

@@ -115,6 +115,7 @@ COMMAND = Command(
         Option("history", "an earlier json= file of these arms: its figures are kept in the new file's history",
                parse=str),
         Option("json", "write every round and the summary to this JSON file", parse=str)),
+    positional="an arm (refused: an arm is NAME=OVERRIDES)",
     rest="the arms, NAME=OVERRIDES: Hydra overrides of the training config, space-separated in one argument (an "
          "arm cannot be named like an option)",
     examples=("baseline= rope=position=rope rmsnorm=norm=rmsnorm",
