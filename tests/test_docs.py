@@ -348,7 +348,7 @@ def _key_value_command(module: str, argv: list[str]) -> bool:
         return False
     _, rest = command.parse(argv)  # raises with the one line a user would see
     if module == "ablations.paired":  # the rest are arms, NAME=OVERRIDES
-        for arm in rest:
+        for arm in (a for a in rest if "$" not in a):  # `"rope=$m position=rope"`: a shell variable, not an arm
             importlib.import_module(module).parse_arm(arm)
         return True
     if module == "ablations.bench":  # the rest are the training overrides it measures
