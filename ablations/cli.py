@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from modules.errors import ConfigError
+
 HELP = ("-h", "--help")
 
 
@@ -65,8 +67,9 @@ class Option:
         return "--" + self.key.replace("_", "-")
 
 
-class CommandLineError(ValueError):
-    """A command line that does not parse; the message is one line naming the argument and the right spelling."""
+class CommandLineError(ConfigError):
+    """A command line that does not parse; the message is one line naming the argument and the right spelling. A
+    ConfigError, so a main() that reports the harness's errors reports this one the same way."""
 
 
 class HelpRequested(Exception):
@@ -163,13 +166,18 @@ class Command:
         what = "option" if arg.startswith("-") or "=" in arg else "argument"
         return f"{self.module}: unknown {what} {arg!r}; {hint}options are key=value: {self.name} --help lists them"
 
-    def read(self, argv: list[str]) -> tuple[dict, list[str]]:
-        """`parse` for a main(): prints the help and exits 0, or prints the one-line error and exits 2."""
+    def parse_or_help(self, argv: list[str]) -> tuple[dict, list[str]]:
+        """`parse`, but -h/--help prints the help and exits 0 (an error is left to the caller's own reporting)."""
         try:
             return self.parse(argv)
         except HelpRequested:
             print(self.help())
             raise SystemExit(0) from None
+
+    def read(self, argv: list[str]) -> tuple[dict, list[str]]:
+        """`parse` for a main(): prints the help and exits 0, or prints the one-line error and exits 2."""
+        try:
+            return self.parse_or_help(argv)
         except CommandLineError as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -106,7 +106,7 @@ def parse_args(argv: list[str]):
     from .errors import ConfigError
 
     defaults = OmegaConf.load(CONF_DIR / "eval" / "default.yaml")
-    COMMAND.read(argv)  # -h/--help, an unknown option: the values are merged onto the defaults below
+    COMMAND.parse_or_help(argv)  # -h/--help, an unknown option: the values are merged onto the defaults below
     try:
         given = OmegaConf.from_dotlist(argv)
     except OmegaConfBaseException as e:

@@ -351,7 +351,7 @@ COMMAND = Command(
 
 
 def parse_args(argv: list[str]) -> dict:
-    opts, _ = COMMAND.read(argv)
+    opts, _ = COMMAND.parse_or_help(argv)
     for k in ("run_id", "out"):
         if not opts[k]:
             raise ConfigError(f"{k}= is required: {USAGE}")

@@ -45,7 +45,7 @@ COMMAND = Command("ablations.generate", 'run_id=<id> [prompt="..."] [key=value .
 def parse_args(argv: list[str]) -> dict:
     from .errors import ConfigError
 
-    opts, _ = COMMAND.read(argv)
+    opts, _ = COMMAND.parse_or_help(argv)
     if not opts["run_id"]:
         raise ConfigError("run_id=<MLflow run id> is required (the summary line of ablations.run prints it)")
 

@@ -37,7 +37,7 @@ COMMAND = Command(
 
 def parse_args(argv: list[str]) -> tuple[str, list[str], bool, str | None]:
     """-> (run_id, overrides, check, tracking_uri)."""
-    o, rest = COMMAND.read(argv)
+    o, rest = COMMAND.parse_or_help(argv)
     bare = [a for a in rest if "=" not in a]
     run_id = o["run_id"] or (bare[0] if bare else None)
     if len(bare) > 1 or bare and o["run_id"]:

@@ -72,7 +72,7 @@ def test_bench_norms_section_reports_the_paired_ratio(tmp_path, capsys):
 
     out, threads = tmp_path / "bench.json", torch.get_num_threads()
     try:
-        assert bench.main(["--only", "norms", "--steps", "1", "--threads", "1", "model=tiny", "--json", str(out)]) == 0
+        assert bench.main(["only=norms", "steps=1", "threads=1", "model=tiny", f"json={out}"]) == 0
     finally:
         torch.set_num_threads(threads)
     r = capsys.readouterr()
