@@ -79,7 +79,7 @@ def test_bench_norms_section_reports_the_paired_ratio(tmp_path, capsys):
     norms = json.loads(out.read_text())["norms"]
     assert set(norms["paired"]) == set(norms["in_training"]) == {"32-true", "bf16-mixed"}  # both precisions
     for precision, paired in norms["paired"].items():
-        assert paired["command"].startswith("python -m ablations.paired --model tiny ")
+        assert paired["command"].startswith("python -m ablations.paired model=tiny ")
         assert f"trainer.precision={precision}" in paired["command"] and paired["precision"] == precision
         assert paired["ratio_rmsnorm_over_layernorm"] > 0 and set(paired["tokens_per_sec"]) == {"layernorm", "rmsnorm"}
         for norm in ("layernorm", "rmsnorm"):  # tiny: 2 blocks x 2 norms + the final norm, each timed both ways
