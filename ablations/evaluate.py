@@ -36,13 +36,23 @@ import torch.nn.functional as F
 
 from modules.options import is_int
 
+from .cli import Command, Option, yaml_options
 from .compose import CONF_DIR
 
 MODES = ("nonoverlap", "sliding")
-OPTIONS = ("run_id", "tracking.uri", "device", "threads", "position.scaling", "eval.contexts", "eval.mode",
-           "eval.stride", "eval.max_tokens", "eval.batch_size")
-USAGE = ("usage: python -m ablations.evaluate run_id=<MLflow run id> [eval.contexts=[64,128,256,512]] "
-         "[eval.mode=nonoverlap|sliding] [eval.stride=N] [eval.max_tokens=N] [position.scaling={name: yarn, ...}]")
+
+
+COMMAND = Command(
+    "ablations.evaluate", "run_id=<id> [eval.KEY=VALUE ...] [position.scaling={...}]", __doc__.split("\n\n")[0],
+    options=(Option("run_id", "the MLflow run whose checkpoints/final.ckpt is scored", parse=str),
+             Option("tracking.uri", "the store (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)", parse=str),
+             Option("device", "where to score", "cpu", str),
+             Option("threads", "torch intra-op threads"),
+             Option("position.scaling", "a RoPE scaling to evaluate with, e.g. {name: yarn, factor: 4, "
+                                        "original_max: 64}"),
+             *yaml_options(CONF_DIR / "eval" / "default.yaml", "eval.")),
+    examples=("run_id=<id> eval.contexts=[64,128,256,512] eval.mode=nonoverlap",
+              "run_id=<id> eval.mode=sliding eval.stride=16"))
 
 
 # ------------------------------------------------------------------------------------------------ windows
@@ -96,20 +106,16 @@ def parse_args(argv: list[str]):
     from .errors import ConfigError
 
     defaults = OmegaConf.load(CONF_DIR / "eval" / "default.yaml")
-    for a in argv:
-        if "=" not in a:
-            raise ConfigError(f"argument {a!r} is not key=value: {USAGE}")
-        if a.split("=", 1)[0] not in OPTIONS:
-            raise ConfigError(f"unknown option {a.split('=', 1)[0]!r}: valid options are {', '.join(OPTIONS)}")
+    COMMAND.parse_or_help(argv)  # -h/--help, an unknown option: the values are merged onto the defaults below
     try:
         given = OmegaConf.from_dotlist(argv)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"cannot parse the arguments ({str(e).splitlines()[0]}): {USAGE}") from None
+        raise ConfigError(f"cannot parse the arguments ({str(e).splitlines()[0]}): python -m ablations.evaluate --help lists the options") from None
     base = OmegaConf.create({"run_id": None, "tracking": {"uri": None}, "device": "cpu", "threads": None,
                              "position": {"scaling": None}, "eval": defaults})
     o = OmegaConf.to_container(OmegaConf.merge(base, given), resolve=True)
     if not o["run_id"]:
-        raise ConfigError(f"run_id=<MLflow run id> is required: {USAGE}")
+        raise ConfigError(f"run_id=<MLflow run id> is required: python -m ablations.evaluate run_id=<id>")
     e = o["eval"]
     ctx = e["contexts"] if isinstance(e["contexts"], list) else [e["contexts"]]
     if not ctx or not all(is_int(c, 1) for c in ctx):

@@ -1,4 +1,4 @@
-"""Export a recorded run as a Hugging Face model directory: `python -m ablations.export run_id=<id> out=DIR [--log]`.
+"""Export a recorded run as a Hugging Face model directory: `python -m ablations.export run_id=<id> out=DIR [log=true]`.
 
 The directory holds `config.json`, `model.safetensors` and tokenizer files, so that
 `AutoModelForCausalLM.from_pretrained(DIR)` computes our logits (checked here after writing: the largest absolute
@@ -18,8 +18,8 @@ settings that do not map, against the closest architecture):
 
 Tokenizers: gpt2 as the GPT-2 tokenizer files (vocab.json, merges.txt, from the tiktoken cache the run used);
 byte and char as a `tokenizers` tokenizer.json whose ids are ours (byte: the id of a byte is its value; char: the
-id of a character is its index in the run's vocabulary). `--log` uploads the directory to the run as the artifact
-folder `hf/`. Options: run_id=<id> out=DIR [tracking.uri=URI] [--log].
+id of a character is its index in the run's vocabulary). `log=true` uploads the directory to the run as the artifact
+folder `hf/`. Options: run_id=<id> out=DIR [tracking.uri=URI] [log=true].
 """
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ from pathlib import Path
 
 import torch
 
+from .cli import Command, Option
 from .errors import AblationsError, ConfigError
 
-USAGE = "usage: python -m ablations.export run_id=<MLflow run id> out=DIR [tracking.uri=URI] [--log]"
+USAGE = "usage: python -m ablations.export run_id=<MLflow run id> out=DIR [tracking.uri=URI] [log=true]"
 TOLERANCE = 1e-4  # fp32 max |logit difference| accepted between our model and the exported one
 
 
@@ -340,18 +341,17 @@ def export(model, tok, out) -> dict:
     return meta
 
 
+COMMAND = Command(
+    "ablations.export", "run_id=<id> out=DIR [tracking.uri=URI] [log=true]", __doc__.split("\n\n")[0],
+    options=(Option("run_id", "the MLflow run whose checkpoints/final.ckpt is exported", parse=str),
+             Option("out", "the Hugging Face model directory to write", parse=str),
+             Option("tracking.uri", "the store (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)", parse=str),
+             Option("log", "also upload the directory to the run as the artifact folder hf/", False, switch=True)),
+    examples=("run_id=<id> out=hf-model", "run_id=<id> out=hf-model log=true"))
+
+
 def parse_args(argv: list[str]) -> dict:
-    opts = {"run_id": None, "out": None, "tracking.uri": None, "log": False}
-    for a in argv:
-        if a == "--log":
-            opts["log"] = True
-            continue
-        if "=" not in a:
-            raise ConfigError(f"argument {a!r} is not key=value: {USAGE}")
-        k, v = a.split("=", 1)
-        if k not in opts or k == "log":
-            raise ConfigError(f"unknown option {k!r}: {USAGE}")
-        opts[k] = v
+    opts, _ = COMMAND.parse_or_help(argv)
     for k in ("run_id", "out"):
         if not opts[k]:
             raise ConfigError(f"{k}= is required: {USAGE}")

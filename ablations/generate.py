@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 
+from .cli import Command, Option
 from .compose import CONF_DIR
 
 # prompt, temperature, top_k, top_p, max_new_tokens: the `generate:` block of conf/config.yaml (also what a training
@@ -27,17 +28,24 @@ def defaults() -> dict:
             "tracking.uri": None, "device": "cpu"}
 
 
+HELPS = {"run_id": "the MLflow run to sample from (ablations.run's summary line prints it)",
+         "prompt": "the text the samples continue (\\n for a newline)", "temperature": "0: greedy",
+         "top_k": "sample among the k likeliest tokens (null: all)", "top_p": "nucleus sampling (null: off)",
+         "max_new_tokens": "tokens per sample", "seed": "the sampling RNG seed", "num_samples": "samples to print",
+         "tokenizer": "byte | char | gpt2: refused unless it is the run's tokenizer",
+         "tracking.uri": "the store (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)", "device": "cpu | cuda"}
+
+
+# the defaults: conf/config.yaml's generate: block
+COMMAND = Command("ablations.generate", 'run_id=<id> [prompt="..."] [key=value ...]', __doc__.split("\n\n")[0],
+                  options=tuple(Option(k, HELPS[k], v, str) for k, v in defaults().items()),
+                  examples=('run_id=<id> prompt="ROMEO:" temperature=0.5 num_samples=3',))
+
+
 def parse_args(argv: list[str]) -> dict:
     from .errors import ConfigError
 
-    opts = defaults()
-    for a in argv:
-        if "=" not in a:
-            raise ConfigError(f"argument {a!r} is not key=value: use e.g. run_id=<id> prompt=\"ROMEO:\"")
-        k, v = a.split("=", 1)
-        if k not in opts:
-            raise ConfigError(f"unknown option {k!r}: valid options are {', '.join(opts)}")
-        opts[k] = v
+    opts, _ = COMMAND.parse_or_help(argv)
     if not opts["run_id"]:
         raise ConfigError("run_id=<MLflow run id> is required (the summary line of ablations.run prints it)")
 

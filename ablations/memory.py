@@ -1,6 +1,6 @@
 """Will it fit? The memory a training run needs per device, estimated before it starts.
 
-    python -m ablations.memory --bench     # the estimate against measured peak memory (RSS) at three sizes, CPU
+    python -m ablations.memory             # the estimate against measured peak memory (RSS) at three sizes, CPU
 
 Per device, for N parameters (fp32 master weights) sharded over `shards` ranks (1 without FSDP):
   parameters  4 N / shards
@@ -16,13 +16,12 @@ Per device, for N parameters (fp32 master weights) sharded over `shards` ranks (
               the head's backward holds at once at the peak (16 V bytes).
               With activation checkpointing a layer keeps only its input (C) and one layer's full set is live
               again during its recomputation.
-Live tensors only: the allocator's slack is not counted. Checked against peak RSS on CPU (`--bench`, RSS made to
+Live tensors only: the allocator's slack is not counted. Checked against peak RSS on CPU (this command, RSS made to
 follow the live tensors): within 15% at three sizes and with checkpointing; arithmetic worked by hand in
 tests/test_memory.py.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -31,6 +30,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+
+from ablations.cli import Command, Option
 
 GiB = 2**30
 
@@ -167,7 +168,7 @@ def bench() -> int:
           "estimate/measured")
     worst = 0.0
     for size in SIZES:
-        out = subprocess.run([sys.executable, "-m", "ablations.memory", "--measure", json.dumps(size)],
+        out = subprocess.run([sys.executable, "-m", "ablations.memory", f"measure={json.dumps(size)}"],
                              capture_output=True, text=True, check=True, env={**os.environ, **LIVE_RSS})
         r = json.loads(out.stdout.strip().splitlines()[-1])
         ratio = r["estimate"] / r["measured"]
@@ -177,13 +178,17 @@ def bench() -> int:
     return 0
 
 
+COMMAND = Command(
+    "ablations.memory", "", __doc__.splitlines()[0],
+    options=(Option("bench", "estimate against measured peak RSS at three sizes (what the command does)", True,
+                    switch=True),
+             Option("measure", "internal: one size as JSON, measured in the bench's child process", parse=json.loads)))
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ablations.memory", description=__doc__.splitlines()[0])
-    ap.add_argument("--bench", action="store_true", help="estimate against measured peak RSS at three sizes")
-    ap.add_argument("--measure", help=argparse.SUPPRESS)  # one size, in the bench's child process
-    a = ap.parse_args(argv)
-    if a.measure:
-        print(json.dumps(_measure(tuple(json.loads(a.measure)))))
+    o, _ = COMMAND.read(list(sys.argv[1:] if argv is None else argv))
+    if o["measure"]:
+        print(json.dumps(_measure(tuple(o["measure"]))))
         return 0
     return bench()
 

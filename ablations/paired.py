@@ -1,4 +1,4 @@
-"""`python -m ablations.paired [--model small-cpu] [--steps N] [--rounds R] [--json FILE] ARM=OVERRIDES ...`
+"""`python -m ablations.paired [model=small-cpu] [steps=N] [rounds=R] [json=FILE] ARM=OVERRIDES ...`
 
 Paired training-throughput comparison: every arm's model is built in this one process and timed in interleaved
 rounds (A B C, C B A, A B C, ...), so every arm meets the same phases of the machine's load and each place in a
@@ -7,13 +7,13 @@ throughput"). A throughput claim between arms needs this: runs made at different
 by whatever else was running.
 
     python -m ablations.paired baseline= rope=position=rope rmsnorm=norm=rmsnorm
-    python -m ablations.paired --model small-cpu --steps 20 --rounds 10 layernorm= rmsnorm=norm=rmsnorm --json p.json
+    python -m ablations.paired model=small-cpu steps=20 rounds=10 layernorm= rmsnorm=norm=rmsnorm json=p.json
     python -m ablations.paired base= gqa="attention=gqa attention.n_kv_head=2"      # several overrides: one arg
 
 An arm is NAME=OVERRIDES: the Hydra overrides (space-separated; empty for the defaults) composed on conf/ with
-`model=<--model>`, as the harness composes a run. One step is what training does per batch: forward, fp32
+`model=<model>`, as the harness composes a run. One step is what training does per batch: forward, fp32
 cross-entropy, backward, gradient clipping, fused AdamW step (ablations.bench.BareTrainer). Each arm runs at its own
-`trainer.precision` (auto: bf16-mixed where bf16 is native), `trainer.accelerator` (--device: every arm's),
+`trainer.precision` (auto: bf16-mixed where bf16 is native), `trainer.accelerator` (device=: every arm's),
 `data.batch_size` and `model.block_size`; arms with the same batch size and context step through the same batches.
 An arm that changes what this step cannot honour (optim=muon, trainer.accumulate_grad_batches, threads, ...) is
 refused; settings that do not change a step's work (run length, logging, lr schedule, data source) are ignored.
@@ -21,9 +21,9 @@ refused; settings that do not change a step's work (run length, logging, lr sche
 An arm whose precision runs emulated on this CPU (its GEMM peak, timed by the bench's probe, below fp32's: bf16
 without AVX512-BF16 or AMX) is named in one line of the summary.
 
-Per round and arm: tokens/s of `--steps` steps. Per arm: the median over rounds, and the ratio to the first arm:
+Per round and arm: tokens/s of `steps=` steps. Per arm: the median over rounds, and the ratio to the first arm:
 per round r_i = arm's tokens/s / first arm's tokens/s in the same round (a paired ratio), summarised as the
-geometric mean of the r_i with a 95% t interval on log r_i over the rounds (needs >= 2 rounds). JSON (`--json`)
+geometric mean of the r_i with a 95% t interval on log r_i over the rounds (needs >= 2 rounds). JSON (`json=`)
 holds every round; `python -m analysis.report <experiment> --paired FILE` shows it.
 
 The measurement is ablations/bench/paired.py (the bench's norms and roofline sections run it too); this module is
@@ -34,15 +34,16 @@ honour, CUDA where there is none) exits 2 with one line.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
+from ablations.cli import Command, Option
 from ablations.bench.paired import ORDER, PATH_RULES, TOOL, PairedError, measure
 from ablations.malloc import keep_freed_memory
 
@@ -72,10 +73,10 @@ def history_of(path: str) -> list[dict]:
     try:
         old = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise PairedError(f"--history {path}: cannot read it as JSON ({exc}); pass a file written by "
-                          "python -m ablations.paired --json FILE") from None
+        raise PairedError(f"history={path}: cannot read it as JSON ({exc}); pass a file written by "
+                          "python -m ablations.paired json=FILE") from None
     if not isinstance(old, dict) or old.get("tool") != TOOL or not isinstance(old.get("arms"), list):
-        raise PairedError(f"--history {path}: not a measurement of python -m ablations.paired (no tool/arms keys)")
+        raise PairedError(f"history={path}: not a measurement of python -m ablations.paired (no tool/arms keys)")
     entry = {k: old.get(k) for k in HISTORY_KEYS}
     entry["arms"] = [{k: a.get(k) for k in HISTORY_ARM_KEYS} for a in old["arms"]]
     return [entry, *old.get("history", [])]
@@ -99,35 +100,49 @@ def summary_lines(res: dict) -> list[str]:
     return lines + [f"  note: {line}" for line in res.get("emulated", {}).values()]
 
 
+COMMAND = Command(
+    "ablations.paired", "[key=value ...] NAME=OVERRIDES NAME=OVERRIDES ...", __doc__.split("\n\n")[1],
+    options=(
+        Option("model", "model preset (conf/model/) every arm is composed on", "small-cpu", str),
+        Option("steps", "timed training steps per arm per round", 10),
+        Option("rounds", "interleaved rounds", 8),
+        Option("warmup", "untimed steps per arm before the rounds", 2),
+        Option("threads", "torch intra-op threads (default: torch's)"),
+        Option("device", "cpu | cuda (default: trainer.accelerator, auto)", parse=str),
+        Option("path", f"{' | '.join(PATH_RULES)}: fastest runs each arm on the faster of eager and compiled (a "
+                       "paired probe first), configured as each arm's compile setting says", "configured", str),
+        Option("probe_rounds", "rounds of the eager/compiled probe with path=fastest", 4),
+        Option("history", "an earlier json= file of these arms: its figures are kept in the new file's history",
+               parse=str),
+        Option("json", "write every round and the summary to this JSON file", parse=str)),
+    positional="an arm (refused: an arm is NAME=OVERRIDES)",
+    rest="the arms, NAME=OVERRIDES: Hydra overrides of the training config, space-separated in one argument (an "
+         "arm cannot be named like an option)",
+    examples=("baseline= rope=position=rope rmsnorm=norm=rmsnorm",
+              "model=small-cpu steps=20 rounds=10 layernorm= rmsnorm=norm=rmsnorm json=p.json"))
+
+
+def check_options(o: dict) -> None:
+    for key, least in (("steps", 1), ("rounds", 1), ("probe_rounds", 1), ("warmup", 0)):
+        if isinstance(o[key], bool) or not isinstance(o[key], int) or o[key] < least:
+            raise PairedError(f"{key}={o[key]}: must be an integer >= {least}")
+    if o["threads"] is not None and (isinstance(o["threads"], bool) or not isinstance(o["threads"], int)
+                                     or o["threads"] < 1):
+        raise PairedError(f"threads={o['threads']}: must be an integer >= 1")
+    if o["path"] not in PATH_RULES:
+        raise PairedError(f"path={o['path']}: choose {' or '.join(PATH_RULES)}")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablations.paired", description=__doc__.split("\n\n")[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("arms", nargs="+", metavar="ARM=OVERRIDES", help="e.g. baseline= rmsnorm=norm=rmsnorm")
-    parser.add_argument("--model", default="small-cpu", help="model preset (conf/model/; default small-cpu)")
-    parser.add_argument("--steps", type=int, default=10, help="timed training steps per arm per round (default 10)")
-    parser.add_argument("--rounds", type=int, default=8, help="interleaved rounds (default 8)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per arm before the rounds (default 2)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--device", default=None, help="cpu | cuda (default: trainer.accelerator, auto)")
-    parser.add_argument("--path", default="configured", choices=tuple(PATH_RULES),
-                        help="fastest: each arm on the faster of eager and compiled (a paired probe first); "
-                             "configured (default): as each arm's compile setting says")
-    parser.add_argument("--probe-rounds", dest="probe_rounds", type=int, default=4,
-                        help="rounds of the eager/compiled probe with --path fastest (default 4)")
-    parser.add_argument("--history", default=None,
-                        help="an earlier --json file of these arms: its figures are kept in the new file's history")
-    parser.add_argument("--json", default=None, help="write every round and the summary to this JSON file")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    o, arm_args = COMMAND.read(argv)
+    args = SimpleNamespace(**o)
     try:
-        for opt in ("steps", "rounds", "probe_rounds"):
-            if getattr(args, opt) < 1:
-                raise PairedError(f"--{opt.replace('_', '-')} {getattr(args, opt)}: must be >= 1")
-        if args.warmup < 0:
-            raise PairedError(f"--warmup {args.warmup}: must be >= 0")
-        if args.threads is not None and args.threads < 1:
-            raise PairedError(f"--threads {args.threads}: must be >= 1")
-        history = history_of(args.history) if args.history else []  # read before measuring: --json may be it
-        arms = [parse_arm(a) for a in args.arms]
+        check_options(o)
+        history = history_of(args.history) if args.history else []  # read before measuring: json= may be it
+        if not arm_args:
+            raise PairedError("no arms: give two or more NAME=OVERRIDES, e.g. baseline= rmsnorm=norm=rmsnorm")
+        arms = [parse_arm(a) for a in arm_args]
         names = [n for n, _ in arms]
         if len(set(names)) != len(names):
             raise PairedError(f"arm names repeat: {names}; give each arm its own name")
@@ -145,8 +160,7 @@ def main(argv=None) -> int:
     res["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     if history:
         res["history"] = history
-    res["command"] = "python -m ablations.paired " + " ".join(shlex.quote(a) for a in (argv if argv is not None
-                                                                                        else sys.argv[1:]))
+    res["command"] = "python -m ablations.paired " + " ".join(shlex.quote(a) for a in argv)
     print("\n".join(summary_lines(res)))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, sort_keys=True) + "\n", encoding="utf-8")

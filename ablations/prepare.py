@@ -545,11 +545,28 @@ def _write(data_cfg, src: Source, folder: Path, tok: Tokenizer | None, settings:
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
+def command() -> Command:
+    """The options are config keys: conf/data/_corpus.yaml (with its comments) lists them."""
+    from .cli import Command, Option, yaml_options
+    from .compose import CONF_DIR
+
+    def choices(group: str) -> str:
+        return " | ".join(sorted(p.stem for p in (CONF_DIR / group).glob("[!_]*.yaml")))
+
+    return Command("ablations.prepare", "[data=NAME] [tokenizer=NAME] [data.KEY=VALUE ...]", __doc__.split("\n\n")[0],
+                   options=(Option("data", f"the corpus: {choices('data')}", "pystdlib"),
+                            Option("tokenizer", choices("tokenizer"), "byte"),
+                            *yaml_options(CONF_DIR / "data" / "_corpus.yaml", "data.")),
+                   rest="any other override of the training config (each corpus's own keys: conf/data/NAME.yaml)",
+                   examples=("data=shakespeare tokenizer=gpt2", "data=hf data.dataset=... data.num_proc=4"))
+
+
 def main(argv: list[str]) -> int:
     from hydra.errors import HydraException
 
     from .compose import check_argv, compose
 
+    command().read(argv)  # -h/--help; a flag, which is no override: one line
     try:
         cfg = compose(argv)
     except HydraException as e:  # check_argv's one line where it has one (it composes too: ~0.2 s, on errors only)

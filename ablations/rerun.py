@@ -1,4 +1,4 @@
-"""Re-run a recorded MLflow run from its saved config: `python -m ablations.rerun run_id=<id> [--check] [overrides]`.
+"""Re-run a recorded MLflow run from its saved config: `python -m ablations.rerun run_id=<id> [check=true] [overrides]`.
 
 Fetches the run's `config.yaml` artifact (the fully resolved config, logged when the run starts, so FAILED and
 KILLED runs have it too), applies `key=value` overrides (dotted keys of that config; `+key=value` adds a key), and
@@ -7,7 +7,7 @@ trains it again with `ablations.train.train` into the same store and experiment.
 `rerun_overrides`, and runs with the original's thread count where this machine has that many cores. At the end it
 compares the train/loss and val/loss curves with the original's, tags the new run `rerun_match=identical|differs`,
 and prints the environment tags that differ (torch version, threads, CPU, git commit, data fingerprint, ...), which
-explain a difference. `--check` exits 1 when the curves differ.
+explain a difference. `check=true` exits 1 when the curves differ.
 
 The recorded config does not depend on conf/ any more: a re-run after conf/ changed still trains the recorded
 config. The store: `tracking.uri=<uri>` on this command, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db.
@@ -21,35 +21,30 @@ import tempfile
 
 from omegaconf import DictConfig, OmegaConf
 
+from .cli import Command, Option
 from .compose import CONF_DIR
 from .errors import AblationsError, ConfigError, exit_code
 
-USAGE = ("usage: python -m ablations.rerun run_id=<MLflow run id> [--check] [tracking.uri=URI] "
-         "[key=value ...] (dotted keys of the run's recorded config, e.g. seed=1 trainer.max_steps=50)")
+COMMAND = Command(
+    "ablations.rerun", "run_id=<id> [check=true] [tracking.uri=URI] [key=value ...]", __doc__.split("\n\n")[0],
+    options=(Option("run_id", "the MLflow run to re-run (a bare id works too)", parse=str),
+             Option("check", "exit 1 when the curves differ from the original's", False, switch=True),
+             Option("tracking.uri", "the store (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
+                    parse=str)),
+    rest="dotted keys of the run's recorded config (`+key=value` adds one), e.g. seed=1 trainer.max_steps=50",
+    positional="the run id", examples=("run_id=<id> seed=1", "run_id=<id> check=true"))
 
 
 def parse_args(argv: list[str]) -> tuple[str, list[str], bool, str | None]:
     """-> (run_id, overrides, check, tracking_uri)."""
-    run_id, overrides, check, uri = None, [], False, None
-    for a in argv:
-        if a == "--check":
-            check = True
-            continue
-        if a.startswith("-") or "=" not in a:
-            if run_id is None and a and not a.startswith("-") and "=" not in a:
-                run_id = a  # `python -m ablations.rerun <id>` works too
-                continue
-            raise ConfigError(f"argument {a!r} is not key=value: {USAGE}")
-        k, v = a.split("=", 1)
-        if k == "run_id":
-            run_id = v
-        elif k == "tracking.uri":
-            uri = v
-        else:
-            overrides.append(a)
+    o, rest = COMMAND.parse_or_help(argv)
+    bare = [a for a in rest if "=" not in a]
+    run_id = o["run_id"] or (bare[0] if bare else None)
+    if len(bare) > 1 or bare and o["run_id"]:
+        raise ConfigError(f"one run id, not {bare}: python -m ablations.rerun run_id=<id> [key=value ...]")
     if not run_id:
-        raise ConfigError(f"run_id=<MLflow run id> is required: {USAGE}")
-    return run_id, overrides, check, uri
+        raise ConfigError("run_id=<MLflow run id> is required: python -m ablations.rerun --help")
+    return run_id, [a for a in rest if "=" in a], bool(o["check"]), o["tracking.uri"]
 
 
 def fetch_config(cl, run_id: str, uri: str) -> tuple[DictConfig, object]:
@@ -206,9 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     logging.getLogger("ablations").setLevel(logging.INFO)
     argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\n" + USAGE)
-        return 0
     try:
         run_id, overrides, check, uri = parse_args(argv)
         r = rerun(run_id, overrides, uri)

@@ -61,18 +61,18 @@ EOF
 fi
 
 OVR=(model=gpt2-124m tokenizer=gpt2 "data.batch_size=$BATCH")
-ARGS=(--device "$DEVICE" --only ceilings,train,inference --inference-dtype bf16 --contexts "$CONTEXTS"
-      --json "$OUT/bench.json")
-if [[ $DEVICE == cuda* ]]; then ARGS+=(--peak-flops "${PEAK_TFLOPS}e12"); fi
-if [[ -n $STEPS ]]; then ARGS+=(--steps "$STEPS"); fi
-if [[ $COMPILE == 0 ]]; then ARGS+=(--no-compile); fi
+ARGS=("device=$DEVICE" "only=[ceilings,train,inference]" inference_dtype=bf16 "contexts=[$CONTEXTS]"
+      "json=$OUT/bench.json")
+if [[ $DEVICE == cuda* ]]; then ARGS+=("peak_flops=${PEAK_TFLOPS}e12"); fi
+if [[ -n $STEPS ]]; then ARGS+=("steps=$STEPS"); fi
+if [[ $COMPILE == 0 ]]; then ARGS+=(no_compile=true); fi
 if [[ $PAD == 1 ]]; then OVR+=(model.vocab_size=50304); fi
 if [[ $DEVICE == cpu && -n $STEPS ]]; then
   # dry run: the same code path at a size a CPU finishes in a few minutes
   [[ -z $BLOCK ]] && BLOCK=128
   [[ $BATCH == 32 ]] && OVR=("${OVR[@]/data.batch_size=32/data.batch_size=2}")
   [[ $CONTEXTS == "128,512,992" ]] && ARGS=("${ARGS[@]/128,512,992/32,96}")
-  ARGS+=(--quick --new-tokens 8)
+  ARGS+=(quick=true new_tokens=8)
 fi
 if [[ -n $BLOCK ]]; then OVR+=("model.block_size=$BLOCK"); fi
 

@@ -34,8 +34,8 @@ if [[ $report_only == 0 ]]; then
   # at different times on a shared machine), each arm on its fastest path (eager or torch.compile, probed and
   # labelled); the committed measurement's figures stay in the new file's history (docs/bench.md, issue 34)
   m="experiment=known-results"
-  python -m ablations.paired --model small-cpu --threads 1 --steps 2 --rounds 40 --warmup 3 --path fastest \
-    --history reports/$name/paired.json --json reports/$name/paired.json \
+  python -m ablations.paired model=small-cpu threads=1 steps=2 rounds=40 warmup=3 path=fastest \
+    history=reports/$name/paired.json json=reports/$name/paired.json \
     "baseline=$m" "rope=$m position=rope" "rmsnorm=$m norm=rmsnorm" "swiglu=$m mlp=swiglu" "geglu=$m mlp=geglu" \
     "gqa=$m attention=gqa attention.n_kv_head=2" "mqa=$m attention=mqa" "qknorm=$m norm.qk_norm=true"
 elif [[ ! -f "$store/mlflow.db" ]]; then

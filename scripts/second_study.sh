@@ -30,7 +30,7 @@ if [[ $report_only == 0 ]]; then
   # training throughput of the arms, paired: interleaved rounds in one process at the largest size (m), not the
   # runs' own tokens/s, which were measured at different times on a shared machine
   m="model.n_layer=2 model.n_head=2 model.n_embd=64 tokenizer=char tokenizer.vocab_size=65"
-  python -m ablations.paired --model small-cpu --threads 1 --steps 10 --rounds 12 --json reports/second-study/paired.json \
+  python -m ablations.paired model=small-cpu threads=1 steps=10 rounds=12 json=reports/second-study/paired.json \
     "baseline=$m" "rope=$m position=rope" "rmsnorm=$m norm=rmsnorm" "swiglu=$m mlp=swiglu" "geglu=$m mlp=geglu" \
     "relu2=$m mlp=relu2"
 elif [[ ! -f "$store/mlflow.db" ]]; then

@@ -27,8 +27,8 @@ if [[ $report_only == 0 ]]; then
   # training throughput of the arms at m, paired: interleaved rounds in one process (the runs' own tokens/s were
   # measured at different times on a shared machine)
   m="experiment=third-study model.n_layer=4 model.n_head=4 model.n_embd=128"
-  python -m ablations.paired --model small-cpu --threads 1 --steps 10 --rounds 8 \
-    --json reports/third-study/paired.json "baseline=$m" "rope=$m position=rope" "rmsnorm=$m norm=rmsnorm"
+  python -m ablations.paired model=small-cpu threads=1 steps=10 rounds=8 \
+    json=reports/third-study/paired.json "baseline=$m" "rope=$m position=rope" "rmsnorm=$m norm=rmsnorm"
   # a compact copy of the store (metrics, params, tags; no artifacts) beside the report
   compact_store "$store/mlflow.db" "$gz"
 elif [[ ! -f "$store/mlflow.db" ]]; then

@@ -9,36 +9,33 @@ from __future__ import annotations
 
 import numpy as np
 
+from ablations.cli import HELP, Command, CommandLineError, Option
 from analysis.floor import FLOOR_EXPERIMENT, FLOOR_METRIC, floor_tags
 from ablations.ngram import floor_bpb, full_targets, window_targets
 
-USAGE = """usage: python -m sweeps.floor [orders=[1,2,3,4,5]] [scope=windows|full] [discount=D] [log=true]
-                                [training overrides: experiment=... data=... tokenizer=... model.block_size=...]
-
-  orders=[...]      the orders to score (a model of the largest is fitted; the lower ones share its counts)
-  scope=windows     the val targets of the runs' val/bpb (data.val_windows windows of model.block_size); full: every
-                    val token
-  discount=D        one fixed discount (interpolated KN); default: modified KN (three discounts per order, from the
-                    count-of-counts, Chen & Goodman 1998)
-  log=true          record the floor as a run of the MLflow experiment ngram-floor at tracking.uri (reports read it)
-
-examples:
-  python -m sweeps.floor experiment=second-study
-  python -m sweeps.floor experiment=second-study log=true tracking.uri=sqlite:///study/second-study/mlflow.db"""
-OWN_KEYS = ("orders", "scope", "discount", "log")
+COMMAND = Command(
+    "sweeps.floor", "[orders=[1,2,3,4,5]] [scope=windows|full] [discount=D] [log=true] [training overrides]",
+    __doc__.split("\n\n")[1],
+    options=(
+        Option("orders", "the orders to score (a model of the largest is fitted; the lower ones share its counts)",
+               [1, 2, 3, 4, 5]),
+        Option("scope", "windows: the val targets of the runs' val/bpb (data.val_windows windows of "
+                        "model.block_size); full: every val token", "windows"),
+        Option("discount", "one fixed discount (interpolated KN); default: modified KN (three discounts per order, "
+                           "from the count-of-counts, Chen & Goodman 1998)"),
+        Option("log", "record the floor as a run of the MLflow experiment ngram-floor at tracking.uri (reports "
+                      "read it)", False, switch=True)),
+    rest="overrides of the training config: experiment=... data=... tokenizer=... model.block_size=...",
+    examples=("experiment=second-study",
+              "experiment=second-study log=true tracking.uri=sqlite:///study/second-study/mlflow.db"))
 
 
 def _own_options(argv: list[str]) -> tuple[dict, list[str]]:
     """(this tool's options, the training overrides for Hydra)."""
-    import yaml
-
-    own, rest = {"orders": [1, 2, 3, 4, 5], "scope": "windows", "discount": None, "log": False}, []
-    for a in argv:
-        key, _, value = a.partition("=")
-        if key in OWN_KEYS:
-            own[key] = yaml.safe_load(value)
-        else:
-            rest.append(a)
+    try:
+        own, rest = COMMAND.parse(argv)
+    except CommandLineError as e:
+        raise ValueError(str(e).removeprefix("sweeps.floor: ")) from None
     orders = own["orders"] if isinstance(own["orders"], list) else [own["orders"]]
     if not orders or not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 8 for n in orders):
         raise ValueError(f"invalid orders={own['orders']!r}: expected a list of integers in 1..8, e.g. [1,2,3,4,5]")
@@ -85,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     from modules.errors import AblationsError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(USAGE)
+    if any(a in HELP for a in argv):
+        print(COMMAND.help())
         return 0
     try:
         bpb, meta, uri = compute_floor(argv)

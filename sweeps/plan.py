@@ -18,7 +18,7 @@ uncertain, so the seeds needed at its 80% upper confidence bound are printed too
 per run; wall time: that budget over the arm's measured training FLOP/s in the pilot (tokens/s x FLOPs per token),
 plus the pilot's measured per-run start-up (wall_sec minus training time), divided over `workers` processes.
 
-`--simulate [studies=10000] [sim_seed=0]` adds the protocol's group-sequential design's error rates, power, seeds and
+`simulate=true [studies=10000] [sim_seed=0]` adds the protocol's group-sequential design's error rates, power, seeds and
 cost per decided row from simulated studies (sweeps/simulate.py).
 
 Defaults come from the verdict file's `plan:` block; `verdict.seeds: plan` makes the protocol take its seed counts
@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ablations.cli import Command, Option, shown
 from ablations.compose import CONF_DIR
 from analysis.power import SD_UPPER, power_difference, power_tost, sd_upper, seeds_needed
 from sweeps.protocol import VerdictError, load_spec, protocol_uri
@@ -220,9 +221,33 @@ def check_pilot_depth(p, rows: list[dict], min_seeds: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
+COMMAND = Command(
+    "sweeps.plan", "verdict=NAME [pilot=EXPERIMENT | sd=S] [key=value ...] [protocol and training overrides]",
+    "The seeds a verdict protocol needs, planned before it runs, from a pilot's seed spread or a given sd (the "
+    "module's docstring, sweeps/plan.py, says how).",
+    options=(
+        Option("pilot", "the MLflow experiment whose seed spread plans the seeds", parse=str),
+        Option("pilot_uri", "its tracking URI (default: the protocol's)", parse=str),
+        Option("pilot_arm", "one pilot arm's spread stands for every arm", parse=str),
+        Option("sd", "one seed sd for every arm instead of a pilot"),
+        Option("sd_at", "estimate | upper: plan at the spread's estimate or its 80% upper bound"),
+        Option("power", "probability of the verdict when the effect is the margin (or 0)"),
+        Option("alpha", "the level of the Holm family"),
+        Option("max_seeds", "the most seeds an arm may need"),
+        Option("min_pilot_seeds", "fewer pilot seeds per arm and size are pooled"),
+        Option("goal", f"{' | '.join(GOALS)}: what the seeds must achieve"),
+        Option("workers", "processes the wall time is divided over"),
+        Option("json", "also write the planned sd of each arm here (analysis.report --plan FILE)", parse=str),
+        Option("simulate", "add the group-sequential design's simulated error rates and cost", False, switch=True),
+        Option("studies", "simulated studies with simulate=true", 10_000),
+        Option("sim_seed", "their RNG seed", 0)),
+    rest="overrides of the protocol (verdict.KEY=VALUE) and of the training config",
+    notes=("defaults of the options without one: the verdict file's plan: block, else "
+           + " ".join(f"{k}={shown(v)}" for k, v in DEFAULTS.items()),),
+    examples=("verdict=second-study sd=0.01", "verdict=second-study pilot=first-study simulate=true"))
 OWN_KEYS = ("pilot", "pilot_uri", "pilot_arm", "sd_at", "sd", "power", "alpha", "max_seeds", "goal", "workers",
             "min_pilot_seeds")
-SIM_KEYS = ("studies", "sim_seed")  # --simulate: how many simulated studies, and their RNG seed
+SIM_KEYS = ("studies", "sim_seed")  # simulate=true: how many simulated studies, and their RNG seed
 
 
 def _n(v) -> str:
@@ -296,11 +321,11 @@ def plan_seeds_from_rows(p, s: dict, rows: list[dict]) -> dict[str, int]:
 
 
 def simulation(p, s: dict, rows: list[dict], runs, studies: int = 10_000, sim_seed: int = 0) -> list[str]:
-    """--simulate: the sequential design's error rates and cost (sweeps/simulate.py)."""
+    """simulate=true: the sequential design's error rates and cost (sweeps/simulate.py)."""
     from sweeps import simulate
 
     if p.sequential is None:
-        raise ValueError(f"--simulate: protocol {p.name} has no verdict.sequential design; add one to the verdict file "
+        raise ValueError(f"simulate=true: protocol {p.name} has no verdict.sequential design; add one to the verdict file "
                          "or pass '+verdict.sequential={first: 3, batch: 3, cap: 12}'")
     if isinstance(studies, bool) or not isinstance(studies, int) or studies < 100:
         raise ValueError(f"invalid studies={studies!r}: expected an integer >= 100 (10000 gives a 95% interval of "
@@ -310,20 +335,11 @@ def simulation(p, s: dict, rows: list[dict], runs, studies: int = 10_000, sim_se
 
 
 def main(argv: list[str] | None = None) -> int:
-    import yaml
-
     from sweeps.run import exit_code
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return 0
-    simulate = "--simulate" in argv
-    argv = [a for a in argv if a != "--simulate"]
-    own = {k: yaml.safe_load(v) for k, _, v in (a.partition("=") for a in argv) if k in OWN_KEYS}
-    json_path = next((v for k, _, v in (a.partition("=") for a in argv) if k == "json"), None)
-    sim = {k: yaml.safe_load(v) for k, _, v in (a.partition("=") for a in argv) if k in SIM_KEYS}
-    rest = [a for a in argv if a.partition("=")[0] not in (*OWN_KEYS, *SIM_KEYS, "json")]
+    o, rest = COMMAND.read(list(sys.argv[1:] if argv is None else argv))
+    own = {k: o[k] for k in OWN_KEYS if o[k] is not None}  # the rest come from the verdict file's plan: block
+    json_path, simulate, sim = o["json"], o["simulate"], {k: o[k] for k in SIM_KEYS}
 
     def go() -> int:
         p = load_spec(rest)  # `seeds: plan` is what this prints, never read here

@@ -1,8 +1,8 @@
-"""``python -m sweeps.replay [--orders 2000] [--seed 0] [--out reports/cheaper-verdicts]``
+"""``python -m sweeps.replay [orders=2000] [seed=0] [out=reports/cheaper-verdicts]``
 
 Cheaper verdicts replayed on a committed study (issue 36): what the group-sequential seeds stage
 (sweeps/sequential.py) and the lean lr stage (`walk`) would have spent and decided on the runs the study already
-made, drawing the order in which its seeds would have arrived at random `--orders` times (fixed RNG seed: the
+made, drawing the order in which its seeds would have arrived at random `orders=` times (fixed RNG seed: the
 report regenerates byte for byte).
 
 * Seeds stage: per order, the study's seeds are taken in that order (the same order for every arm: they share each
@@ -16,7 +16,6 @@ report regenerates byte for byte).
 """
 from __future__ import annotations
 
-import argparse
 import gzip
 import math
 import shutil
@@ -25,9 +24,11 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
+from ablations.cli import Command, Option
 from sweeps import lr_walk, sequential as q
 
 REPO = Path(__file__).resolve().parents[1]
@@ -329,22 +330,27 @@ def large_cap(st: Study, lr_core_s: float, studies: int = 10_000) -> list[str]:
     return lines
 
 
+COMMAND = Command(
+    "sweeps.replay", "[orders=2000] [seed=0] [out=reports/cheaper-verdicts]", __doc__.split("\n\n")[1],
+    options=(Option("orders", "random seed orders", 2000),
+             Option("seed", "the RNG seed of the orders", 0),
+             Option("out", "the report's folder", "reports/cheaper-verdicts", str)))
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sweeps.replay", description=__doc__.split("\n\n")[1])
-    ap.add_argument("--orders", type=int, default=2000, help="random seed orders (default 2000)")
-    ap.add_argument("--seed", type=int, default=0, help="the RNG seed of the orders (default 0)")
-    ap.add_argument("--out", default="reports/cheaper-verdicts", help="the report's folder")
-    a = ap.parse_args(argv)
-    if a.orders < 10:
-        print(f"error: --orders={a.orders}: at least 10 orders (2000 give shares to about ±0.01)", file=sys.stderr)
+    o, _ = COMMAND.read(list(sys.argv[1:] if argv is None else argv))
+    a = SimpleNamespace(**o)
+    if isinstance(a.orders, bool) or not isinstance(a.orders, int) or a.orders < 10 or not isinstance(a.seed, int):
+        print(f"error: orders={a.orders} seed={a.seed}: integers, at least 10 orders (2000 give shares to about "
+              "±0.01)", file=sys.stderr)
         return 2
     studies = []
     for name, gz in (STUDY, *OTHERS):
         with unpacked(REPO / gz) as uri:
             studies.append(load_study(name, uri))
     st = studies[0]
-    cmd = "python -m sweeps.replay" + (f" --orders {a.orders}" if a.orders != 2000 else "") + \
-        (f" --seed {a.seed}" if a.seed else "")
+    cmd = "python -m sweeps.replay" + (f" orders={a.orders}" if a.orders != 2000 else "") + \
+        (f" seed={a.seed}" if a.seed else "")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "index.md").write_text(report(st, a.orders, a.seed, cmd) + "\n".join(others(studies[1:], a.orders, a.seed)))

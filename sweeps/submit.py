@@ -72,6 +72,7 @@ def run_worker(cfg) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m sweeps.submit N [hydra overrides: command=..., hydra/launcher=...] -- WORKER ARGS\n")
         print(__doc__)
         return 0
     try:

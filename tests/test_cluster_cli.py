@@ -72,14 +72,14 @@ def test_bench_norms_section_reports_the_paired_ratio(tmp_path, capsys):
 
     out, threads = tmp_path / "bench.json", torch.get_num_threads()
     try:
-        assert bench.main(["--only", "norms", "--steps", "1", "--threads", "1", "model=tiny", "--json", str(out)]) == 0
+        assert bench.main(["only=norms", "steps=1", "threads=1", "model=tiny", f"json={out}"]) == 0
     finally:
         torch.set_num_threads(threads)
     r = capsys.readouterr()
     norms = json.loads(out.read_text())["norms"]
     assert set(norms["paired"]) == set(norms["in_training"]) == {"32-true", "bf16-mixed"}  # both precisions
     for precision, paired in norms["paired"].items():
-        assert paired["command"].startswith("python -m ablations.paired --model tiny ")
+        assert paired["command"].startswith("python -m ablations.paired model=tiny ")
         assert f"trainer.precision={precision}" in paired["command"] and paired["precision"] == precision
         assert paired["ratio_rmsnorm_over_layernorm"] > 0 and set(paired["tokens_per_sec"]) == {"layernorm", "rmsnorm"}
         for norm in ("layernorm", "rmsnorm"):  # tiny: 2 blocks x 2 norms + the final norm, each timed both ways

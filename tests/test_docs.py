@@ -339,6 +339,24 @@ def _compose_main(module: str, argv: list[str]) -> None:
     raise AssertionError(msg[-1] if msg and code else f"{module}.main returned {code} without composing a config")
 
 
+def _key_value_command(module: str, argv: list[str]) -> bool:
+    """A command declared with ablations.cli.Command: its own options (and old spellings) parse with it; whether what
+    it passes on still needs checking (False: the dispatch below does that)."""
+    main = getattr(importlib.import_module(module), "main", None)
+    command = getattr(inspect.getmodule(main), "COMMAND", None) if main is not None else None
+    if command is None:
+        return False
+    _, rest = command.parse(argv)  # raises with the one line a user would see
+    if module == "ablations.paired":  # the rest are arms, NAME=OVERRIDES
+        for arm in (a for a in rest if "$" not in a):  # `"rope=$m position=rope"`: a shell variable, not an arm
+            importlib.import_module(module).parse_arm(arm)
+        return True
+    if module == "ablations.bench":  # the rest are the training overrides it measures
+        _compose(rest)
+        return True
+    return not command.rest  # a tool whose rest is composed by its main (sweeps.plan, sweeps.floor) or parse_args
+
+
 def parse_command(module: str, argv: list[str]) -> None:
     """Parse one command line of a project tool without running it; raises with the reason when it does not."""
     if module == "sweeps.verdict" and hasattr(importlib.import_module(module), "load_protocol"):
@@ -346,6 +364,8 @@ def parse_command(module: str, argv: list[str]) -> None:
         return
     if module == "sweeps.run":  # the sweep group and the trials' overrides are one Hydra config
         _compose(argv)
+        return
+    if _key_value_command(module, argv):
         return
     source = _source(module)
     if "@hydra.main" in source:

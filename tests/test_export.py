@@ -108,7 +108,7 @@ def test_export_loads_in_transformers_with_our_logits_and_is_logged(llama_run, c
 
     cwd, uri, run_id = llama_run
     out = cwd / "hf"
-    assert ex.main([f"run_id={run_id}", f"out={out}", f"tracking.uri={uri}", "--log"]) == 0
+    assert ex.main([f"run_id={run_id}", f"out={out}", f"tracking.uri={uri}", "log=true"]) == 0
     assert "exported Llama" in capsys.readouterr().out
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     ours, tok, _ = load_run(run_id, uri)

@@ -43,22 +43,22 @@ def test_parse_arm():
     (["a=", "a=norm=rmsnorm"], "arm names repeat"),
     (["a="], "a paired comparison needs >= 2 arms"),
     (["a=", "b=norm"], "override 'norm' is not KEY=VALUE"),
-    (["--rounds", "0", "a=", "b="], "--rounds 0: must be >= 1"),
-    (["--probe-rounds", "0", "a=", "b="], "--probe-rounds 0: must be >= 1"),
-    (["--history", "/nonexistent/paired.json", "a=", "b="], "--history /nonexistent/paired.json: cannot read it"),
+    (["rounds=0", "a=", "b="], "rounds=0: must be an integer >= 1"),
+    (["probe_rounds=0", "a=", "b="], "probe_rounds=0: must be an integer >= 1"),
+    (["history=/nonexistent/paired.json", "a=", "b="], "history=/nonexistent/paired.json: cannot read it"),
     # what the paired step cannot honour per arm is refused, not silently dropped
-    (["--model", "tiny", "a=", "m=optim=muon"], "arm 'm': optim.name=muon changes the training step"),
-    (["--model", "tiny", "a=", "g=trainer.accumulate_grad_batches=2"],
+    (["model=tiny", "a=", "m=optim=muon"], "arm 'm': optim.name=muon changes the training step"),
+    (["model=tiny", "a=", "g=trainer.accumulate_grad_batches=2"],
      "arm 'g': trainer.accumulate_grad_batches=2 changes the training step"),
-    # an arm's threads is honoured only as the process's own (--threads): another count is refused, with the fix
-    (["--model", "tiny", "--threads", "1", "a=", "t=threads=2"],
+    # an arm's threads is honoured only as the process's own (threads=): another count is refused, with the fix
+    (["model=tiny", "threads=1", "a=", "t=threads=2"],
      "arm 't': threads=2 changes the training step, and the paired step (forward, fp32 cross-entropy, backward, "
-     "clipping, fused AdamW) cannot honour it; run with --threads 2"),
-    (["--model", "tiny", "a=", "p=trainer.precision=16-mixed"],
+     "clipping, fused AdamW) cannot honour it; run with threads=2"),
+    (["model=tiny", "a=", "p=trainer.precision=16-mixed"],
      "arm 'p': trainer.precision=16-mixed: the bare training step runs 32-true or bf16-mixed"),
-    (["--model", "tiny", "--device", "cpu", "a=", "c=trainer.accelerator=gpu"],
-     "arm 'c': trainer.accelerator=gpu conflicts with --device cpu"),
-    (["--model", "tiny", "a=", "c=tokenizer=char"], "arms differ in vocab_size: [65, 256]"),
+    (["model=tiny", "device=cpu", "a=", "c=trainer.accelerator=gpu"],
+     "arm 'c': trainer.accelerator=gpu conflicts with device=cpu"),
+    (["model=tiny", "a=", "c=tokenizer=char"], "arms differ in vocab_size: [65, 256]"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
     import torch
@@ -125,7 +125,7 @@ def test_an_emulated_precision_is_said_in_one_line(monkeypatch, capsys, peaks, a
     monkeypatch.setattr(ceilings, "gemm_probe", probe)
     threads = torch.get_num_threads()
     try:
-        assert main(["--model", "tiny", "--steps", "1", "--rounds", "1", "--warmup", "0", "--threads", "1",
+        assert main(["model=tiny", "steps=1", "rounds=1", "warmup=0", "threads=1",
                      *arms]) == 0
     finally:
         torch.set_num_threads(threads)
@@ -162,8 +162,8 @@ def measured(tmp_path_factory):
     import torch
 
     out = tmp_path_factory.mktemp("paired") / "paired.json"
-    # rms also sets threads=1, as an experiment config may: the process's own count (--threads 1), so honoured
-    argv = ["--model", "tiny", "--steps", "2", "--rounds", "3", "--threads", "1", "--json", str(out), "base=",
+    # rms also sets threads=1, as an experiment config may: the process's own count (threads=1), so honoured
+    argv = ["model=tiny", "steps=2", "rounds=3", "threads=1", f"json={out}", "base=",
             "rms=norm=rmsnorm threads=1", "gqa=attention=gqa attention.n_kv_head=1", "comp=compile=true"]
     stdout, stderr, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
     try:
@@ -201,7 +201,7 @@ def test_interleaved_rounds_and_json(measured):
     assert comp["path"] == "compile" and {a["path"] for a in res["arms"][:3]} == {"eager"}  # labelled as it ran
     assert comp["warmup_sec"]["compile"] > 0 and "compile" not in base["warmup_sec"]  # the compile's first steps
     assert comp["params"] == base["params"] and comp["loss_last"] == pytest.approx(base["loss_last"], rel=2e-3)
-    assert res["command"].startswith("python -m ablations.paired --model tiny")
+    assert res["command"].startswith("python -m ablations.paired model=tiny")
     assert "round 3/3" in r.stderr and "x" in r.stdout.splitlines()[2]
 
 

@@ -135,7 +135,7 @@ def test_rerun_reproduces_the_original(runs, capsys):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # not the original's 1 (the tests' default, tests/conftest.py): switched and back
     try:
-        code = rerun.main([f"run_id={a}", f"tracking.uri=sqlite:///{runs['db']}", "--check"])
+        code = rerun.main([f"run_id={a}", f"tracking.uri=sqlite:///{runs['db']}", "check=true"])
         after = torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)

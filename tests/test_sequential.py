@@ -136,12 +136,12 @@ def test_the_planner_simulates_a_protocols_design(capsys):
     from sweeps.plan import main
 
     design = "+verdict.sequential={first: 3, batch: 3, cap: 9, spending: pocock}"
-    assert main(["verdict=second-study", "sd=0.01", design, "--simulate", "studies=2000"]) == 0
+    assert main(["verdict=second-study", "sd=0.01", design, "simulate=true", "studies=2000"]) == 0
     out = capsys.readouterr().out
     assert "looks 3, 6, 9" in out and "pocock" in out and "mixed partial null" in out and "power: better" in out
     fwer = re.findall(r"^global null \(every Δ 0\)\s+([0-9.]+) \[", out, re.M)
     assert len(fwer) == 1 and 0 < float(fwer[0]) < 0.07
-    assert main(["verdict=second-study", "sd=0.01", "--simulate"]) == 2  # no design: one line
+    assert main(["verdict=second-study", "sd=0.01", "simulate=true"]) == 2  # no design: one line
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "verdict.sequential" in err[0]
 

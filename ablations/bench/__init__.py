@@ -25,15 +25,12 @@ module of this package, in table order (each module's docstring says what it mea
   defaults, one child process per arm in alternating order, and the page faults per step of each.
 
 Definitions. MFU = flops_per_token (modules.accounting: 6N + attention) x tokens/sec / the measured dense GEMM peak
-of the precision the matmuls run in (fp32 for 32-true, bf16 for bf16-mixed), or `--peak-flops` when given (e.g. a
+of the precision the matmuls run in (fp32 for 32-true, bf16 for bf16-mixed), or `peak_flops=` when given (e.g. a
 GPU's datasheet figure). The machine is shared and noisy, so every figure of a section is measured in interleaved
 rounds (A B C A B C ...) and the best round of each is kept: ratios between rows are side by side (timing.py).
 
-Options: --json PATH (default bench.json), --mlflow, --quick (short windows), --only/--skip SECTION[,SECTION],
---threads N, --device cpu|cuda, --contexts C1,C2,... (decode/prefill contexts), --new-tokens N, --no-compile,
---inference-dtype fp32|bf16, --peak-flops F (bf16 peak for MFU, e.g. 989e12), --rounds N, --window SEC,
---steps N (train only N steps per variant, for a dry run), --force-emulated (train in a precision whose GEMM peak is
-below fp32's too).
+Options are key=value beside the training overrides (`threads=1 only=[train,norms] json=PATH`); `python -m
+ablations.bench --help` lists them (declared once, in cli.py).
 
 Precisions: train and harness run the composed trainer.precision when it names one, else 32-true and bf16-mixed,
 less any whose GEMM peak (a quick probe before anything is built) is below fp32's (emulated on this CPU), which one
@@ -46,7 +43,7 @@ found by importing every module of the package, as modules.registry finds varian
 
     @section
     class Data(Section):
-        name, order = "data", 80        # --only data; `order` places its rows in the table and its keys in the JSON
+        name, order = "data", 80        # only=data; `order` places its rows in the table and its keys in the JSON
         needs = ()                      # sections that must run with it, e.g. ("ceilings",) for a fraction of a peak
 
         def check(self, bench): ...     # optional: SystemExit("ablations.bench: ...") on options it cannot use

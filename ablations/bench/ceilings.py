@@ -2,7 +2,7 @@
 measured here.
 
 They are the denominators of the other sections' fractions: MFU (train, harness) is tokens/sec x FLOPs per token
-over the GEMM peak of the precision the matmuls run in, or `--peak-flops` (a datasheet bf16 figure) when given.
+over the GEMM peak of the precision the matmuls run in, or `peak_flops=` (a datasheet bf16 figure) when given.
 
 Which precisions the bench trains in (`plan_precisions`, before anything is built): the composed
 `trainer.precision` when it names one, else every precision of the bare step; of those, one whose GEMM peak

@@ -4,7 +4,6 @@ It finds the sections by importing every module of the package; it is the only m
 imports it, so the discovery closes no import circle (the sections import core.py, which only holds the registry)."""
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import math
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ablations.cli import Command, Option, yaml_value
 from ablations.malloc import keep_freed_memory
 
 from .core import DTYPES, Options, Section, registered
@@ -30,62 +30,59 @@ def sections() -> dict[str, type[Section]]:
     return registered()
 
 
-def usage() -> str:
-    return ("python -m ablations.bench [hydra overrides] [--json PATH] [--mlflow] [--quick] [--only|--skip S[,S]] "
-            "[--threads N] [--device cpu|cuda] [--contexts C,C] [--new-tokens N] [--no-compile] "
-            "[--inference-dtype fp32|bf16] [--peak-flops F] [--rounds N] [--window SEC] [--steps N] "
-            "[--force-emulated]; "
-            f"sections: {','.join(sections())}")
+def _contexts(text: str) -> list[int] | None:
+    """`[64,128]` or the old `64,128`."""
+    value = yaml_value(text)
+    value = [value] if isinstance(value, int) else value
+    if isinstance(value, str):
+        value = [int(c) for c in value.split(",")]
+    return None if value is None else [int(c) for c in value]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and a non-zero exit, like every command of the harness
-        raise SystemExit(f"ablations.bench: {message}; usage: {usage()}")
+def _sections(text: str) -> list[str]:
+    value = yaml_value(text)
+    return [str(s) for s in value] if isinstance(value, list) else str(value).split(",")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m ablations.bench", usage=usage(), add_help=False)
-    p.add_argument("-h", "--help", action="store_true")
-    p.add_argument("--json", type=Path, default=Options.json)
-    p.add_argument("--mlflow", action="store_true")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--no-compile", dest="no_compile", action="store_true")
-    p.add_argument("--force-emulated", dest="force_emulated", action="store_true")
-    p.add_argument("--threads", type=int)
-    p.add_argument("--device", default=Options.device)
-    p.add_argument("--contexts", type=lambda v: [int(c) for c in v.split(",")])
-    p.add_argument("--new-tokens", dest="new_tokens", type=int)
-    p.add_argument("--inference-dtype", dest="inference_dtype", default=Options.inference_dtype)
-    p.add_argument("--peak-flops", dest="peak_flops", type=float)
-    p.add_argument("--rounds", type=int)
-    p.add_argument("--window", type=float)
-    p.add_argument("--steps", type=int)
-    p.add_argument("--only")
-    p.add_argument("--skip")
-    return p
+COMMAND = Command(
+    "ablations.bench", "[key=value ...] [training overrides ...]", __doc__.split("\n\n")[0],
+    options=(
+        Option("json", "where the JSON goes", Options.json, Path),
+        Option("mlflow", "also log the figures to the MLflow experiment bench", False, switch=True),
+        Option("quick", "short windows", False, switch=True),
+        Option("only", "only these sections, e.g. [train,norms] (and those they need)", parse=_sections),
+        Option("skip", "every section but these", parse=_sections),
+        Option("threads", "torch intra-op threads (the config's threads=)"),
+        Option("device", "cpu | cuda", Options.device, str),
+        Option("contexts", "decode/prefill contexts, e.g. [64,256]", parse=_contexts),
+        Option("new_tokens", "decoded tokens per context"),
+        Option("no_compile", "leave out the torch.compile rows", False, switch=True),
+        Option("inference_dtype", " | ".join(DTYPES), Options.inference_dtype, str),
+        Option("peak_flops", "bf16 peak for MFU instead of the measured one, e.g. 989e12",
+               parse=lambda t: None if yaml_value(t) is None else float(t)),
+        Option("rounds", "interleaved rounds per section"),
+        Option("window", "seconds per timed window"),
+        Option("steps", "train only this many steps per variant (a dry run)"),
+        Option("force_emulated", "train in a precision whose GEMM peak is below fp32's too", False, switch=True)),
+    rest="Hydra overrides of the training config that the bench measures (model=..., norm=..., ...)",
+    examples=("only=[ceilings,train] threads=1", "quick=true model=tiny norm=rmsnorm"))
 
 
 def parse_args(argv: list[str]) -> tuple[list[str], list[str], Options]:
     """-> (Hydra overrides, sections to run, options). Anything that is not an option is a Hydra override."""
-    ns, rest = _parser().parse_known_args(argv)
-    if ns.help:
-        raise SystemExit(usage())
-    unknown = [a for a in rest if a.startswith("-")]
-    if unknown:
-        raise SystemExit(f"ablations.bench: unknown option {unknown[0]!r}; usage: {usage()}")
+    o, rest = COMMAND.read(argv)
     known = list(sections())
-    chosen = ns.only.split(",") if ns.only else known
-    if ns.skip:
-        chosen = [s for s in chosen if s not in ns.skip.split(",")]
+    chosen = o.pop("only") or known
+    chosen = [s for s in chosen if s not in (o.pop("skip") or [])]
     bad = [s for s in chosen if s not in known]
     if bad:
         raise SystemExit(f"ablations.bench: unknown section {bad[0]!r}; choose from {','.join(known)}")
-    opts = Options(**{k: v for k, v in vars(ns).items() if k not in ("help", "only", "skip")})
+    opts = Options(**o)
     if opts.inference_dtype not in DTYPES:
-        raise SystemExit(f"ablations.bench: --inference-dtype must be one of {','.join(DTYPES)}")
+        raise SystemExit(f"ablations.bench: inference_dtype= must be one of {','.join(DTYPES)}")
     if opts.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("ablations.bench: --device cuda but torch.cuda.is_available() is False "
-                         f"(torch {torch.__version__}); install a CUDA build of torch or use --device cpu")
+        raise SystemExit("ablations.bench: device=cuda but torch.cuda.is_available() is False "
+                         f"(torch {torch.__version__}); install a CUDA build of torch or use device=cpu")
     return list(rest), chosen, opts
 
 
@@ -103,7 +100,7 @@ def print_table(out: dict, overrides: list[str], json_path: Path) -> None:
     if out.get("load_average") is not None and out["threads"] > 1 and out["load_average"] > 0.5:
         print(f"  note: load average {out['load_average']:.1f} on {cores} cores when the bench started: with "
               f"{out['threads']} threads, each parallel op waits for its slowest (descheduled) thread; if figures "
-              f"look erratic, rerun with --threads 1")
+              f"look erratic, rerun with threads=1")
     for k, v in out["table"]:
         print(f"  {k:<{width}}  {v}")
     print(f"  (bench took {out['bench_wall_sec']:.0f} s; JSON in {json_path})")

@@ -71,7 +71,7 @@ class Malloc(Section):
 
     def check(self, bench: Bench) -> None:
         if bench.cuda:
-            raise SystemExit("ablations.bench: the malloc section measures CPU training; run it with --device cpu")
+            raise SystemExit("ablations.bench: the malloc section measures CPU training; run it with device=cpu")
 
     def run(self, bench: Bench, rates: dict[str, dict], earlier: dict) -> Figures:
         steps = bench.opts.steps or (5 if bench.opts.quick else 40)

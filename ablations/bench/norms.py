@@ -2,8 +2,8 @@
 
 - paired training, in 32-true and in bf16-mixed: the composed model with norm=layernorm and with norm=rmsnorm,
   built in this process and timed in interleaved rounds (`ablations.bench.paired.measure`): tokens/s of rmsnorm over
-  layernorm per round, geometric mean and 95% t interval; the figure `python -m ablations.paired --model small-cpu
-  --steps 10 --rounds 8 'layernorm=trainer.precision=P' 'rmsnorm=trainer.precision=P norm=rmsnorm'` prints.
+  layernorm per round, geometric mean and 95% t interval; the figure `python -m ablations.paired model=small-cpu
+  steps=10 rounds=8 'layernorm=trainer.precision=P' 'rmsnorm=trainer.precision=P norm=rmsnorm'` prints.
 - in training (CPU): each norm's forward and backward per call inside real training steps (the bare loop), this
   thread's CPU time between hooks on the norm modules (forward) and on their autograd nodes (backward): where the
   two norms' costs differ in the model, with its activations coming from and going to memory, not the cache.
@@ -183,7 +183,7 @@ def paired_training(bench: Bench, precision: str, steps: int, rounds: int) -> tu
     res = measure(model, arms, steps, rounds, device=bench.device, log=bench.log)
     rms = next(a for a in res["arms"] if a["name"] == "rmsnorm")
     ci = "" if rms["ratio_ci_low"] is None else f" [{rms['ratio_ci_low']:.3f}, {rms['ratio_ci_high']:.3f}]"
-    command = (f"python -m ablations.paired --model {model} --steps {steps} --rounds {rounds} "
+    command = (f"python -m ablations.paired model={model} steps={steps} rounds={rounds} "
                + " ".join(shlex.quote(f"{name}={' '.join(o)}") for name, o in arms))
     values = {"command": command, "model": model, "precision": res["precision"], "steps": steps,
               "rounds": rounds, "ratio_rmsnorm_over_layernorm": rms["ratio"], "ratio_ci_low": rms["ratio_ci_low"],

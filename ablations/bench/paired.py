@@ -69,14 +69,14 @@ def _matches(key: str, prefixes: tuple[str, ...]) -> bool:
 
 def _check_honoured(name: str, cfg, base: dict, threads: int) -> None:
     """Refuse (one line) an arm that changes a setting the paired step cannot honour. An arm's `threads` (an
-    experiment may set it) is honoured when it is the process's own thread count (--threads), which every arm
+    experiment may set it) is honoured when it is the process's own thread count (threads=), which every arm
     shares."""
     arm = _leaves(cfg)
     for key in sorted(set(arm) | set(base), key=lambda k: (k.count("."), k)):  # optim.name before optim.muon.*
         if key == "threads" and arm.get(key) == threads:
             continue
         if arm.get(key, "(absent)") != base.get(key, "(absent)") and not _matches(key, HONOURED + NO_STEP_COST):
-            fix = (f"run with --threads {arm[key]}" if key == "threads" and arm.get(key) else
+            fix = (f"run with threads={arm[key]}" if key == "threads" and arm.get(key) else
                    "compare it through ablations.run runs, or drop it from the arm")
             raise PairedError(f"arm {name!r}: {key}={arm.get(key, '(absent)')} changes the training step, and the "
                               "paired step (forward, fp32 cross-entropy, backward, clipping, fused AdamW) cannot "
@@ -103,17 +103,17 @@ def _compose_arms(model: str | None, arms: list[tuple[str, list[str]]], threads:
 
 
 def arm_setting(name: str, cfg, device: str | None) -> dict:
-    """One arm's device, precision (and why), batch size and context, from its own composed config. --device
-    (`device`) applies to every arm; an arm that names another accelerator is refused, as is CUDA where none is."""
+    """One arm's device, precision (and why), batch size and context, from its own composed config. `device`
+    (the command's device=) applies to every arm; an arm that names another accelerator is refused, as is CUDA where none is."""
     from ablations.lit import resolve_accelerator, resolve_precision  # Lightning takes seconds to import: on use
 
     acc = cfg.trainer.get("accelerator", "auto")
     own = resolve_accelerator(acc)
     if device is not None and acc not in (None, "auto") and own != device:
-        raise PairedError(f"arm {name!r}: trainer.accelerator={acc} conflicts with --device {device}; drop one")
+        raise PairedError(f"arm {name!r}: trainer.accelerator={acc} conflicts with device={device}; drop one")
     dev = device or own
     if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise PairedError(f"arm {name!r}: device {dev}: no CUDA device here; use --device cpu or "
+        raise PairedError(f"arm {name!r}: device {dev}: no CUDA device here; use device=cpu or "
                           "trainer.accelerator=cpu")
     precision, why = resolve_precision(cfg.trainer.get("precision", "auto"), dev)
     try:

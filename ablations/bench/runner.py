@@ -40,7 +40,7 @@ def header(bench: Bench) -> dict:
 
 
 def shared_rounds(bench: Bench, work: dict[str, dict[str, Callable[[], float]]], warmup: int) -> dict[str, dict]:
-    """Every section's work items timed side by side (or, with --steps, a fixed number of calls each)."""
+    """Every section's work items timed side by side (or, with steps=, a fixed number of calls each)."""
     items = {name: fn for section_items in work.values() for name, fn in section_items.items()}
     if not items:
         return {}

@@ -93,7 +93,7 @@ class Arm:
 @dataclass
 class Peaks:
     """The ceilings measured in the variants' rounds: GEMM FLOP/s per precision (training's replaced by
-    --peak-flops where given), the inference precision's as measured, and the read bandwidth in B/s."""
+    peak_flops= where given), the inference precision's as measured, and the read bandwidth in B/s."""
     gemm: dict[str, float]
     infer: float = 0.0
     read: float = 0.0

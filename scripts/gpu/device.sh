@@ -12,7 +12,7 @@
 # Rehearsed on this CPU by scripts/gpu/rehearse.sh (DEVICE=cpu: the same code path at a tiny size, 2 steps each).
 #
 # `bash scripts/gpu/device.sh --paired` (carry [".gpu"], timeout_s 540) instead measures the known-results paired
-# throughput table on the GPU (docs/bench.md, "Each arm on its fastest path"): ablations.paired --path fastest, every
+# throughput table on the GPU (docs/bench.md, "Each arm on its fastest path"): ablations.paired path=fastest, every
 # arm on the faster of eager and torch.compile by a paired probe, labelled; $OUT/paired.json and device.log. Not yet
 # run on a GPU (nor rehearsed: the rehearsal venv needs prepare.sh's scipy wheel).
 set -euo pipefail
@@ -50,19 +50,19 @@ if sys.argv[1].startswith("cuda") and not torch.cuda.is_available():
 PY
 if [[ ${1:-} == --paired ]]; then
   # the known-results arms (scripts/known_results.sh) at the study's precision (auto: bf16-mixed on CUDA); each arm on
-  # the faster of eager and compiled (--threads 1: the experiment sets threads=1, honoured as the process's own). On
+  # the faster of eager and compiled (threads=1: the experiment sets threads=1, honoured as the process's own). On
   # the CPU rehearsal: the same swaps on model=tiny at batch 4, one step per round.
-  m="experiment=known-results"; P=(--device "${DEVICE%%:*}" --path fastest --probe-rounds 3 --warmup 3 --threads 1)
-  if [[ $DEVICE == cuda* ]]; then P+=(--steps 10 --rounds 12); LIMIT=${BENCH_TIMEOUT:-480}
-  else m="data.batch_size=4"; P+=(--model tiny --steps 1 --rounds 2); LIMIT=${BENCH_TIMEOUT:-1500}; fi
-  timeout "$LIMIT" "$PY" -m ablations.paired "${P[@]}" --json "$OUT/paired.json" "baseline=$m" "rope=$m position=rope" \
+  m="experiment=known-results"; P=("device=${DEVICE%%:*}" path=fastest probe_rounds=3 warmup=3 threads=1)
+  if [[ $DEVICE == cuda* ]]; then P+=(steps=10 rounds=12); LIMIT=${BENCH_TIMEOUT:-480}
+  else m="data.batch_size=4"; P+=(model=tiny steps=1 rounds=2); LIMIT=${BENCH_TIMEOUT:-1500}; fi
+  timeout "$LIMIT" "$PY" -m ablations.paired "${P[@]}" "json=$OUT/paired.json" "baseline=$m" "rope=$m position=rope" \
     "rmsnorm=$m norm=rmsnorm" "swiglu=$m mlp=swiglu" "geglu=$m mlp=geglu" "gqa=$m attention=gqa attention.n_kv_head=2" \
     "mqa=$m attention=mqa" "qknorm=$m norm.qk_norm=true"
   echo "device.sh: paired table in $((SECONDS - START)) s; $OUT/paired.json, device.log"
   exit 0
 fi
 if [[ $DEVICE == cuda* ]]; then
-  ARGS=(--peak-tflops 989 --out "$OUT") BENCH=(--rounds 3 --window 1)
+  ARGS=(--peak-tflops 989 --out "$OUT") BENCH=(rounds=3 window=1)
   LIMIT=${BENCH_TIMEOUT:-420}
 else  # the CPU rehearsal: the same path at a tiny size (block 128, batch 2, 2 steps per variant)
   ARGS=(--device cpu --steps 2 --out "$OUT") BENCH=()
