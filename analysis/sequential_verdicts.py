@@ -1,6 +1,6 @@
 """The verdicts of a protocol that added its seeds sequentially (`verdict.seeds: sequential`, issue 36).
 
-Such a study stopped giving an arm seeds once the group-sequential rule (sweeps/sequential.py) decided its
+Such a study stopped giving an arm seeds once the group-sequential rule (analysis/sequential.py) decided its
 comparison, so the error guarantee belongs to that rule: the fixed rule (Welch / TOST, Holm within the family) on
 the seeds each arm got is no valid test, as the stopping rule chose those seeds. Here the report recomputes the
 rule's own verdict from the store, by replaying the looks as the protocol ran them (sweeps/verdict.py,
@@ -10,7 +10,7 @@ rule's own verdict from the store, by replaying the looks as the protocol ran th
   (`verdict.sequential.*`); the seeds of a size in the order the seeds stage adds them: 0, 1, 2, ... skipping the
   lr stage's seeds (`ProtocolSpec.seed_list`), the look at n seeds using the first n;
 - at each look the baseline and every open comparison's arm contribute their first n seeds (a failed run counts
-  as a seed without a value, as the protocol's `_wait_for_look` does), then `sweeps.sequential.decided_at` (the
+  as a seed without a value, as the protocol's `_wait_for_look` does), then `analysis.sequential.decided_at` (the
   function the protocol itself asks) says which comparisons of the size are decided; those get no more seeds;
 - after the last size, each declared family is decided once more on everything the replay used
   (`decide_study`): the verdict, the look whose data crossed a boundary, and that boundary (the design's nominal
@@ -32,7 +32,7 @@ import pandas as pd
 from analysis.store import AnalysisError
 from analysis.verdict import BETTER, INCONCLUSIVE, VERDICT_METRIC, WORSE, equivalent_label
 from modules.errors import ConfigError
-from sweeps import sequential as q
+from analysis import sequential as q
 
 if TYPE_CHECKING:
     from analysis.protocol_runs import ProtocolRuns
@@ -118,7 +118,7 @@ def replay(values, families: dict, sizes: list, baseline: str, orders: dict, des
 
 
 def family_members(families: dict) -> dict:
-    """family name -> its comparisons [(arm, size), ...], as sweeps.sequential takes them."""
+    """family name -> its comparisons [(arm, size), ...], as analysis.sequential takes them."""
     members: dict = {}
     for (size, arm), name in families.items():
         members.setdefault(name, []).append((arm, size))
@@ -215,7 +215,7 @@ def decided_sequentially(table: pd.DataFrame) -> bool:
 
 
 METHOD = ("Final val bpb (bits/byte, lower is better), mean ± std over the seeds each arm got (ddof=1). **Verdict**: "
-          "the sequential rule's (sweeps/sequential.py), recomputed here from the store by replaying its looks as "
+          "the sequential rule's (analysis/sequential.py), recomputed here from the store by replaying its looks as "
           "the protocol ran them (analysis/sequential_verdicts.py): at each look every open comparison's arm and the "
           "baseline use their first n seeds (0, 1, 2, ... skipping the lr seeds), Welch's test and TOST are read "
           "against the design's boundary at that look (the alpha-spending level, as a t quantile at the look's "
@@ -232,7 +232,7 @@ METHOD = ("Final val bpb (bits/byte, lower is better), mean ± std over the seed
 def rule_paragraph(design_text: str) -> str:
     """The paragraph saying which rule decided the verdicts."""
     return (design_text + ". Each comparison stopped getting seeds once the sequential rule decided it "
-            "(sweeps/sequential.py), so the verdicts below are that rule's, replayed from the store: its family-wise "
+            "(analysis/sequential.py), so the verdicts below are that rule's, replayed from the store: its family-wise "
             "error bound is the design's. The fixed rule's p-values beside them are descriptive only (on seeds a "
             "stopping rule chose, a fixed-n test has no error guarantee).")
 

@@ -19,7 +19,7 @@ from ablations.compose import CONF_DIR, compose_here, compose_run, config_dir
 from ablations.errors import one_line
 from ablations.tracking import tracking_uri
 from modules.errors import ConfigError
-from sweeps.sequential import Design, design_from
+from analysis.sequential import Design, design_from
 from sweeps.errors import SweepError
 from sweeps.settings import parse_overrides as _parse_overrides
 from sweeps.workers import parse_workers, visible_devices, worker_plan
@@ -80,7 +80,7 @@ class ProtocolSpec:
     worker: tuple[int, int] = (0, 1)   # (this process's index, how many): its share of every size's seeds
     planned: bool = False              # verdict.seeds: plan (seeds_by_size still to be filled by sweeps.plan)
     recipe: tuple[str, ...] = ()       # verdict.recipe: the training recipe, before the size's, arm's and user's
-    sequential: Design | None = None   # verdict.sequential: the group-sequential design (sweeps.sequential)
+    sequential: Design | None = None   # verdict.sequential: the group-sequential design (analysis.sequential)
     stop_early: bool = False           # verdict.seeds: sequential (seeds in batches, each comparison stopped once decided)
     match_tokens: dict = field(default_factory=dict)  # size -> the baseline's training tokens there (`baseline_tokens`)
 

@@ -1,7 +1,7 @@
 """``python -m sweeps.replay [orders=2000] [seed=0] [out=reports/cheaper-verdicts]``
 
 Cheaper verdicts replayed on a committed study (issue 36): what the group-sequential seeds stage
-(sweeps/sequential.py) and the lean lr stage (`walk`) would have spent and decided on the runs the study already
+(analysis/sequential.py) and the lean lr stage (`walk`) would have spent and decided on the runs the study already
 made, drawing the order in which its seeds would have arrived at random `orders=` times (fixed RNG seed: the
 report regenerates byte for byte).
 
@@ -29,7 +29,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from ablations.cli import Command, Option
-from sweeps import lr_walk, sequential as q
+from analysis import sequential as q
+from sweeps import lr_walk
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = ("known-results", "reports/known-results/mlflow.db.gz")
@@ -252,7 +253,7 @@ PLANNED_SD = (0.0075, 0.0117)  # the recipe pilot's seed sd that planned the stu
 def error_rates(design: q.Design, m: int, margin: float, studies: int = 10_000) -> list[str]:
     """The chosen design's error rates and power by simulation at the sds the study was planned with."""
     lines = [f"## Error rates of {design.spending} {design.looks()} (simulation)", "",
-             f"{studies:,} simulated studies of {m} comparisons per row (sweeps.sequential.simulate, RNG seed 0), "
+             f"{studies:,} simulated studies of {m} comparisons per row (analysis.sequential.simulate, RNG seed 0), "
              "seeds normal at the sd the study was planned with (the recipe pilot's 0.0075) and at its 80% upper "
              "bound (0.0117); today's fixed rule (two Holm families at the cap) beside it.", "",
              "| sd | scenario | FWER [95% CI] | fixed rule's FWER | better at Δ = -margin | equivalent at Δ = 0 | seeds (mean) |",

@@ -1,6 +1,6 @@
 """``python -m sweeps.plan verdict=NAME --simulate [studies=10000] [sim_seed=0] [...the planner's keys]``
 
-The error rates and cost of a protocol's group-sequential design (verdict.sequential; sweeps/sequential.py), shown
+The error rates and cost of a protocol's group-sequential design (verdict.sequential; analysis/sequential.py), shown
 before any run: `studies` simulated studies of the declared family (its largest Holm family of primary comparisons),
 each arm's seeds normal at the planner's spread (plan.sd_at: the estimate or its 80% upper bound) around a true
 difference Δ, the baseline's at its own, under
@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from sweeps import sequential as q
+from analysis import sequential as q
 
 STUDIES = 10_000
 

@@ -275,7 +275,7 @@ class Verdict:
     def sequential_seeds(self, size_index: int, size: Size, best: Mapping[str, float | None]) -> dict[str, int]:
         """verdict.seeds: sequential. Look by look (verdict.sequential), the baseline and every open comparison's arm
         get the look's seeds (split over the workers as in `my_seeds`); once every run of the look has ended (the
-        other workers' too), the declared family is decided by sweeps.sequential.decide on the store's values and a
+        other workers' too), the declared family is decided by analysis.sequential.decide on the store's values and a
         decided comparison gets no more seeds. The baseline runs while any comparison is open. -> finished runs."""
         p, design = self.p, self.p.sequential
         seeds = p.seed_list(size_index)  # the cap's seeds
@@ -308,8 +308,8 @@ class Verdict:
     def _decided(self, size_index: int, values: Mapping[tuple[str, str, int], float]) -> set[str]:
         """The arms at this size whose comparison the sequential rule has decided, on the declared family's values
         (arm, size, seed) -> final val bpb (NaN: the run failed) so far; a look a comparison has no seeds for
-        counts as not reached. The rule is sweeps.sequential.decided_at, which the report replays."""
-        from sweeps import sequential as q
+        counts as not reached. The rule is analysis.sequential.decided_at, which the report replays."""
+        from analysis import sequential as q
 
         p = self.p
         size = p.sizes[size_index].name

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sweeps import replay
-from sweeps import sequential as q
+from analysis import sequential as q
 
 
 def _points(curve: dict) -> dict:

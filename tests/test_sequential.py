@@ -1,4 +1,4 @@
-"""Group-sequential verdicts (sweeps/sequential.py) against known answers: the O'Brien-Fleming and Pocock boundary
+"""Group-sequential verdicts (analysis/sequential.py) against known answers: the O'Brien-Fleming and Pocock boundary
 constants of Jennison & Turnbull (2000), Tables 2.1 and 2.3 (two-sided, alpha 0.05, K equally spaced looks); the
 Lan-DeMets O'Brien-Fleming-type spending boundaries for K = 5 (alpha 0.05 two-sided: 4.877, 3.357, 2.680, 2.290, 2.031;
 Reboussin et al. 2000, as gsDesign and ldbounds print them); a one-look design is the fixed-n test; Welch and TOST
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from modules.errors import AblationsError
-from sweeps import sequential as q
+from analysis import sequential as q
 
 # Jennison & Turnbull (2000) Table 2.1 (Pocock, C_P) and Table 2.3 (O'Brien & Fleming, C_B): two-sided alpha 0.05
 POCOCK = {2: 2.178, 3: 2.289, 4: 2.361, 5: 2.413}

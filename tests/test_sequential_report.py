@@ -150,7 +150,7 @@ def test_a_family_across_sizes_counts_the_comparisons_of_a_size_not_yet_run():
     from scipy import optimize
 
     from analysis import sequential_verdicts as sv
-    from sweeps import sequential as q
+    from analysis import sequential as q
 
     design = q.Design(3, 3, 6, "obrien-fleming", 0.05)
     at_alpha, at_half = q.nominal_levels(design, 0.05, 2)[0], q.nominal_levels(design, 0.025, 2)[0]
@@ -188,7 +188,7 @@ def test_the_report_replays_the_looks_the_protocol_ran(tmp_path, monkeypatch):
     from analysis.store import load_runs
     from analysis.verdict import resolve_margin
     from sweeps.protocol import ProtocolArm, ProtocolSpec, Size
-    from sweeps.sequential import Design
+    from analysis.sequential import Design
     from sweeps.verdict import Verdict
 
     monkeypatch.setattr("sweeps.study.MlflowLinks.check", lambda self: None)

@@ -1,5 +1,5 @@
 """verdict.seeds: sequential (sweeps/verdict.py's sequential_seeds): seeds are added look by look and a comparison
-gets no more once the sequential rule (sweeps/sequential.py) has decided it; the baseline runs while any comparison
+gets no more once the sequential rule (analysis/sequential.py) has decided it; the baseline runs while any comparison
 is open; every run carries the design as tags. Training is faked: each run is an MLflow run with a final val bpb
 drawn from the arm's true value and seed sd, so the decisions are read from the store as in a real study."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sweeps.protocol import ProtocolArm, ProtocolSpec, Size
-from sweeps.sequential import Design
+from analysis.sequential import Design
 from sweeps.verdict import Verdict
 
 # arm -> (true val bpb, seed sd): far is 20 sd better, same is the baseline within 0.001, noisy cannot be decided in 9
