@@ -337,8 +337,10 @@ def simulation(p, s: dict, rows: list[dict], runs, studies: int = 10_000, sim_se
 def main(argv: list[str] | None = None) -> int:
     from sweeps.run import exit_code
 
-    o, rest = COMMAND.read(list(sys.argv[1:] if argv is None else argv))
-    own = {k: o[k] for k in OWN_KEYS if o[k] is not None}  # the rest come from the verdict file's plan: block
+    argv = list(sys.argv[1:] if argv is None else argv)
+    o, rest = COMMAND.read(argv)
+    given = {a.lstrip("-").partition("=")[0] for a in argv}  # `sd=null` given: overrides the file's plan.sd
+    own = {k: o[k] for k in OWN_KEYS if o[k] is not None or k in given}  # the rest: the verdict file's plan: block
     json_path, simulate, sim = o["json"], o["simulate"], {k: o[k] for k in SIM_KEYS}
 
     def go() -> int:
