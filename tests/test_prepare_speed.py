@@ -98,7 +98,8 @@ def test_streamed_parquet_prepare_imports_neither_datasets_nor_torch_and_counts_
                          .groups())
     passed = float(re.search(r"shards \| ([0-9.]+) s", lines[-3]).group(1))  # the "prepared:" line: the pass alone
     assert passed >= 0.8 and startup >= 3.0 and total >= startup + passed - 0.1, last  # printed to 0.1 s
-    assert wall - 1.0 <= total <= wall + 0.1, (wall, last)  # from launch: not from an import 3 s later
+    # from launch, not from an import 3 s later; the slack grows with the load (interpreter start-up before its clock)
+    assert wall - max(1.0, 0.25 * wall) <= total <= wall + 0.1, (wall, last)
     again, _ = run_prepare(["data=hf", f"data.path={tmp_path / 'c'}", "data.streaming=true", "tokenizer=byte",
                          f"data.cache_dir={tmp_path / 'cache'}"], cwd=tmp_path)
     assert again[-2].endswith("s end to end, nothing to tokenize"), again[-2]

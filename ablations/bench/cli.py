@@ -73,7 +73,8 @@ def parse_args(argv: list[str]) -> tuple[list[str], list[str], Options]:
     o, rest = COMMAND.read(argv)
     known = list(sections())
     chosen = o.pop("only") or known
-    chosen = [s for s in chosen if s not in (o.pop("skip") or [])]
+    skip = o.pop("skip") or []  # popped once: Options takes neither only nor skip
+    chosen = [s for s in chosen if s not in skip]
     bad = [s for s in chosen if s not in known]
     if bad:
         raise SystemExit(f"ablations.bench: unknown section {bad[0]!r}; choose from {','.join(known)}")
