@@ -23,10 +23,7 @@ optuna_gz=$out/optuna.db.gz
 uri="sqlite:///$store/mlflow.db"
 mkdir -p "$out"
 if [[ $report_only == 0 ]]; then
-  # a study that spans sessions (or machines) continues from the committed stores when this checkout has none
-  if [[ ! -f "$store/mlflow.db" && -f "$gz" ]]; then gunzip -c "$gz" > "$store/mlflow.db"; fi
-  if [[ ! -f "$store/optuna.db" && -f "$optuna_gz" ]]; then gunzip -c "$optuna_gz" > "$store/optuna.db"; fi
-  trap 'compact_store "$store/mlflow.db" "$gz"; compact_store "$store/optuna.db" "$optuna_gz"' EXIT  # keep what ran, even when stopped
+  continue_stores "$store" "$gz" "$optuna_gz"  # scripts/store.sh: resume from, and compact into, the committed stores
   python -m sweeps.verdict verdict=$name tracking.uri="$uri" verdict.storage="sqlite:///$store/optuna.db" \
     checkpoint.dir="$store/checkpoints" trainer.enable_progress_bar=false
   python -m sweeps.floor experiment=$name log=true tracking.uri="$uri"
