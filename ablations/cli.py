@@ -133,6 +133,11 @@ class Command:
                 raise CommandLineError(self.unknown(a))
         return values, rest
 
+    def given(self, argv: list[str]) -> set[str]:
+        """The options the command line names, in either spelling: an option given as `null` (`sd=null`) overrides
+        a value read from elsewhere (a config file's), which its default None would not."""
+        return {a.partition("=")[0] for a in self.modernize(argv)[0] if a.partition("=")[0] in self.keys}
+
     @property
     def keys(self) -> dict[str, Option]:
         return {o.key: o for o in self.options}
@@ -163,8 +168,11 @@ class Command:
         key = arg.partition("=")[0].lstrip("-").replace("-", "_")
         close = difflib.get_close_matches(key, list(self.keys), n=1)
         hint = f"did you mean {close[0]}=...? " if close else ""
-        what = "option" if arg.startswith("-") or "=" in arg else "argument"
-        return f"{self.module}: unknown {what} {arg!r}; {hint}options are key=value: {self.name} --help lists them"
+        if "=" in arg and not arg.startswith("-"):  # name the key, so the line says which part is wrong
+            what = f"option {arg.partition('=')[0]!r} (in {arg!r})"
+        else:
+            what = f"{'option' if arg.startswith('-') else 'argument'} {arg!r}"
+        return f"{self.module}: unknown {what}; {hint}options are key=value: {self.name} --help lists them"
 
     def parse_or_help(self, argv: list[str]) -> tuple[dict, list[str]]:
         """`parse`, but -h/--help prints the help and exits 0 (an error is left to the caller's own reporting)."""

@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     o, rest = COMMAND.read(argv)
-    given = {a.lstrip("-").partition("=")[0] for a in argv}  # `sd=null` given: overrides the file's plan.sd
+    given = COMMAND.given(argv)  # `sd=null` given: overrides the file's plan.sd
     own = {k: o[k] for k in OWN_KEYS if o[k] is not None or k in given}  # the rest: the verdict file's plan: block
     json_path, simulate, sim = o["json"], o["simulate"], {k: o[k] for k in SIM_KEYS}
 

@@ -101,3 +101,13 @@ def test_wrong_option_is_one_line_exit_2(module, argv, hint):
     code, _, err = run_main(module, argv)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and argv[0] in lines[0] and hint in lines[0], lines
+
+
+def test_given_names_the_options_on_the_command_line_in_either_spelling():
+    """An option given as null is told apart from one not given (its default None) only by `given`."""
+    from ablations.cli import Command, Option
+
+    c = Command("x.y", "", "", (Option("sd", ""), Option("pilot_uri", "", parse=str), Option("check", "", switch=True)),
+                rest="overrides")
+    assert c.given(["sd=null", "--pilot-uri", "u", "--check", "trainer.max_steps=3"]) == {"sd", "pilot_uri", "check"}
+    assert c.given(["trainer.max_steps=3"]) == set()

@@ -131,6 +131,18 @@ def test_cli_prints_the_plan(capsys):
     assert len(err) == 1 and "plan.pilot" in err[0]
 
 
+@pytest.mark.parametrize("spelling", [["sd=null"], ["--sd", "null"]])
+def test_an_option_given_as_null_overrides_the_verdict_files_plan(capsys, spelling):
+    """third-study's file says plan.sd: 0.008 and names no pilot: sd=null (either spelling) takes the sd away, so the
+    planner asks for a seed spread, instead of planning from the file's sd as if the option had not been given."""
+    from sweeps.plan import main
+
+    assert main(["verdict=third-study"]) == 0 and "sd=0.008" in capsys.readouterr().out
+    assert main(["verdict=third-study", *spelling]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "plan.pilot" in err[-1]
+
+
 def test_one_pilot_arm_stands_for_every_arm(pilot_store):
     from test_protocol_report import BPB, EXPERIMENT
 
