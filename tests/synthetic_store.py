@@ -59,9 +59,9 @@ def _history(rng, final_loss: float, tps: float, steps: int, stop: int | None = 
 def make_store(uri: str, experiment: str = "synthetic", with_bad_runs: bool = True) -> dict[str, dict]:
     """Create the runs in `uri` (an MLflow tracking URI). Returns {run_id: {"variant", "seed", "status", "metrics"}}."""
     from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
-    client = MlflowClient(tracking_uri=uri)
+    client = open_store(uri)
     exp = client.get_experiment_by_name(experiment)
     exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
     made: dict[str, dict] = {}

@@ -36,9 +36,9 @@ def brute_pareto(points: dict[str, tuple[float, float]], maximize_x=False) -> se
 
 def store_finals(uri: str, experiment: str) -> pd.DataFrame:
     """Finished runs of `experiment` straight from MLflow: variant, seed, run_id and the final metrics."""
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
-    client = MlflowClient(uri)
+    client = open_store(uri)
     exp = client.get_experiment_by_name(experiment)
     rows = []
     for r in client.search_runs([exp.experiment_id], max_results=1000):
@@ -172,9 +172,9 @@ def synthetic_store(tmp_path_factory):
     made = make_store(uri, "synthetic")
     make_store(uri, "other", with_bad_runs=False)  # a second experiment: filters must be able to span both
     # an experiment whose only run failed, and an empty one
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
-    client = MlflowClient(uri)
+    client = open_store(uri)
     exp = client.create_experiment("all_failed")
     r = client.create_run(exp, tags={"variant": "norm=rmsnorm", "seed": "0", "failure_reason": "ValueError: x"},
                           run_name="norm=rmsnorm seed=0")

@@ -75,9 +75,9 @@ def protocol_tags(name: str, arm: str, size: str, budget: str) -> dict:
 
 
 def make_store(uri: str) -> None:
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
-    client = MlflowClient(tracking_uri=uri)
+    client = open_store(uri)
     exp = client.create_experiment(EXPERIMENT)
     clock = [T0]
 
@@ -318,7 +318,7 @@ def test_a_protocol_row_reads_the_verdict_size_not_the_smallest(tmp_path):
     """Two sizes (written largest first; the table sorts them by budget): at the smaller `s` rope's seeds spread
     over 0.2 bpb (inconclusive), at the verdict size `m` they are BPB's (better, as at one size). The row must read
     `m`."""
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
     from analysis.engine import Context, Options
     from analysis.known_results import protocol_row
@@ -327,7 +327,7 @@ def test_a_protocol_row_reads_the_verdict_size_not_the_smallest(tmp_path):
     from analysis.store import load_runs
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    client = MlflowClient(tracking_uri=uri)
+    client = open_store(uri)
     exp = client.create_experiment("two-sizes")
     seeds = {"m": BPB, "s": {"baseline": [2.40, 2.41, 2.42, 2.43], "rope": [2.20, 2.60, 2.30, 2.50]}}
     for size, budget in (("m", "1e13"), ("s", "3e12")):

@@ -216,9 +216,9 @@ def seed_values(size: str, arm: str) -> np.ndarray:
 def make_ladder_store(uri: str, sizes=tuple(SIZES), name: str = PROTOCOL) -> None:
     """The planted ladder at `sizes`, as protocol and experiment `name`."""
     from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
-    client = MlflowClient(tracking_uri=uri)
+    client = open_store(uri)
     exp = client.create_experiment(name)
     clock = [1_700_000_000_000]
     for size in sizes:

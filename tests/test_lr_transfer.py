@@ -38,11 +38,11 @@ def _log(cl, exp, params: dict, value: float | None, start: int, status: str = "
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
     d = tmp_path_factory.mktemp("lrt")
     uri = f"sqlite:///{d}/mlflow.db"
-    cl = MlflowClient(tracking_uri=uri)
+    cl = open_store(uri)
     exp = cl.create_experiment(lt.EXPERIMENT)
     t = 1_000_000
     ids = {}

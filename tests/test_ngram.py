@@ -128,9 +128,9 @@ def test_cli_logs_a_floor_that_reports_find(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "order 3:" in out and "logged: run" in out
-    from mlflow import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
-    cl = MlflowClient(tracking_uri=uri)
+    cl = open_store(uri)
     (run,) = cl.search_runs([cl.get_experiment_by_name("ngram-floor").experiment_id])
     fp = run.data.tags["floor.data_fingerprint"]
     assert fp == run.data.tags["data_fingerprint"] and len(fp) >= 16

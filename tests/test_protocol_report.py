@@ -51,9 +51,9 @@ def chosen_lr(size, arm):
 
 def make_store(uri: str) -> None:
     from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
-    client = MlflowClient(tracking_uri=uri)
+    client = open_store(uri)
     exp = client.create_experiment(EXPERIMENT)
     clock = [T0]
 

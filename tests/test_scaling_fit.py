@@ -134,10 +134,10 @@ TOKENS = 1e6
 
 def make_ladder_store(uri: str, experiment: str = "ladder") -> None:
     """Two arms (baseline and norm=rmsnorm, K_FAST x as compute-efficient) x 4 sizes x 2 seeds, contract names."""
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
     from mlflow.entities import Metric, RunTag
 
-    client = MlflowClient(uri)
+    client = open_store(uri)
     exp = client.create_experiment(experiment)
     t0 = 1_700_000_000_000
     for size, fpt in enumerate(FLOPS_PER_TOKEN):

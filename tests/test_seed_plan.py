@@ -25,9 +25,9 @@ PLAN = {"tool": "sweeps.plan", "protocol": EXPERIMENT, "sd_at": "upper", "seeds"
 
 def make_store(uri: str) -> None:
     from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
-    client = MlflowClient(tracking_uri=uri)
+    client = open_store(uri)
     exp = client.create_experiment(EXPERIMENT)
     for i, (arm, values) in enumerate(BPB.items()):
         for seed, bpb in enumerate(values):

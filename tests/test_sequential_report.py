@@ -42,9 +42,9 @@ BPB = {  # seeds 1, 2, ...
 
 def make_store(uri: str) -> None:
     from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
+    from ablations.tracking import client as open_store  # a new store: the migrated template
 
-    client = MlflowClient(tracking_uri=uri)
+    client = open_store(uri)
     exp = client.create_experiment(EXPERIMENT)
     clock = [1_700_000_000_000]
 
