@@ -188,7 +188,7 @@ def test_points_weigh_each_delta_by_welchs_variance_and_hold_out_the_largest():
 # ---------------------------------------------------------------------------------------------------- the report
 # A synthetic verdict-protocol store with a planted trend: five sizes N = 2^15 .. 2^19 (the baseline's parameters),
 # four seeds per arm and size, every arm's Δ linear in log2 N plus small deviations, each size with its own seed
-# spread (so the weights differ). The report (`--kind ladder`) must give the slope, the held-out prediction and its
+# spread (so the weights differ). The report (kind `ladder`) must give the slope, the held-out prediction and its
 # coverage that the matrix form computes here from the planted values.
 PROTOCOL = "ladder-synth"
 SIZES = {"w16": 15, "w24": 16, "w32": 17, "w48": 18, "w64": 19}  # name -> log2 N
