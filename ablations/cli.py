@@ -41,6 +41,11 @@ def shown(value: Any) -> str:
     return repr(value) if isinstance(value, str) and (not value or any(c.isspace() for c in value)) else str(value)
 
 
+def listed(value: Any) -> list:
+    """A value as a list: a list as it is, one value as a list of one."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 def wrapped(head: str, text: str, indent: int) -> list[str]:
     """`head` then `text` wrapped at 118 columns, continuation lines indented under the text."""
     return textwrap.wrap(text, 118, initial_indent=head.ljust(indent), subsequent_indent=" " * indent) or [head]
@@ -60,6 +65,8 @@ class Option:
     default: Any = None
     parse: Callable[[str], Any] = yaml_value
     switch: bool = False  # its old spelling `--key` took no value (now `key=true`)
+    many: bool = False  # given more than once, its values add up to one list (`--format png --format svg`, an old
+    #                     repeatable flag, is format=[png,svg]); given once, its value is as typed
 
     @property
     def flag(self) -> str:
@@ -118,15 +125,19 @@ class Command:
         if renamed:  # one line for all of them: the command still runs
             print(f"{self.name}: {' '.join(old for old, _ in renamed)} is spelled "
                   f"{' '.join(new for _, new in renamed)} now", file=sys.stderr)
-        values, rest = {o.key: o.default for o in self.options}, []
+        values, rest, seen = {o.key: o.default for o in self.options}, [], set()
         for a in argv:
             key, eq, text = a.partition("=")
             option = self.keys.get(key)
             if option is not None and eq:
                 try:
-                    values[key] = option.parse(text)
+                    value = option.parse(text)
                 except (TypeError, ValueError) as e:
                     raise CommandLineError(f"{self.module}: {a}: {e}") from None
+                if option.many and key in seen:
+                    value = [*listed(values[key]), *listed(value)]
+                values[key] = value
+                seen.add(key)
             elif eq and self.rest or not eq and self.positional and not a.startswith("-"):
                 rest.append(a)
             else:

@@ -24,7 +24,7 @@ without AVX512-BF16 or AMX) is named in one line of the summary.
 Per round and arm: tokens/s of `steps=` steps. Per arm: the median over rounds, and the ratio to the first arm:
 per round r_i = arm's tokens/s / first arm's tokens/s in the same round (a paired ratio), summarised as the
 geometric mean of the r_i with a 95% t interval on log r_i over the rounds (needs >= 2 rounds). JSON (`json=`)
-holds every round; `python -m analysis.report <experiment> --paired FILE` shows it.
+holds every round; `python -m analysis.report <experiment> paired=FILE` shows it.
 
 The measurement is ablations/bench/paired.py (the bench's norms and roofline sections run it too); this module is
 the command: arms from the command line, the summary, the JSON and its history.

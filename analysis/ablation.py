@@ -1,12 +1,12 @@
 """The ablation report kind: variants of one experiment (or MLflow filter) against a baseline variant.
 
-    python -m analysis.report ablation <experiment-or-filter> [--out DIR] [--baseline VARIANT] [--margin M] ...
+    python -m analysis.report ablation <experiment-or-filter> [out=DIR] [baseline=VARIANT] [margin=M] ...
 
-(the entry, analysis/report.py, picks this kind for runs without a `verdict.protocol` tag). `load_ablation` fills the
+(the entry, analysis/report.py, picks this kind as `auto` for runs without a `verdict.protocol` tag). `load_ablation` fills the
 context: baseline, labels, colours, the per-variant table with verdicts (`Ablation`, the kind's extra), what was
 left out (runs and figure entries), the n-gram floor. Each variant gets one verdict against the baseline on final val
 bpb: better / worse / equivalent within ±m / inconclusive (Holm-adjusted Welch tests and TOST against ±m; the rule is
-in analysis/verdict.py). m is `--margin M` when given, else the margin the runs recorded before they ran
+in analysis/verdict.py). m is `margin=M` when given, else the margin the runs recorded before they ran
 (`verdict.margin`), else none. When the runs form a compute ladder (an arm at >= 3 training-compute values) the
 scaling section fits L(C) = E + A C^-alpha per arm (analysis/scaling.py, rendered by analysis/common.py).
 """
@@ -237,16 +237,16 @@ def floor_arms(ctx: Context) -> list:
     return [(f"`{labels.get(v, v)}`", m) for v, m in zip(t["variant"], t["final_val_bpb_mean"])] if len(t) else []
 
 
-def regenerate_args(ctx: Context) -> list[str]:
-    """The options the Regenerate command repeats: the filter, the baseline (always, by label), a margin given here,
-    the paired file."""
+def regenerate_args(ctx: Context) -> list[tuple[str, str]]:
+    """The options the Regenerate command repeats, (key, value): the filter, the baseline (always, by label), a margin
+    given here, the paired file."""
     opt = ctx.options
-    args = ["--filter", opt.filter_string] if opt.filter_string else []
+    args = [("filter", opt.filter_string)] if opt.filter_string else []
     if ctx.baseline:
-        args += ["--baseline", ctx.extra.labels.get(ctx.baseline, ctx.baseline)]
+        args += [("baseline", ctx.extra.labels.get(ctx.baseline, ctx.baseline))]
     if np.isfinite(ctx.margin.value) and ctx.margin.source.startswith("given"):
-        args += ["--margin", f"{ctx.margin.value:g}"]
-    return args + (["--paired", opt.paired_path] if opt.paired_path else [])
+        args += [("margin", f"{ctx.margin.value:g}")]
+    return args + ([("paired", opt.paired_path)] if opt.paired_path else [])
 
 
 # ---------------------------------------------------------------- sections

@@ -1,7 +1,7 @@
 """Sections shared by several report kinds: the n-gram floor, the paired throughput, the scaling fits and the
 Regenerate command.
 
-Each reads what the kind's load put into the context (`ctx.floor`, analysis/floor.py), the options (--paired FILE)
+Each reads what the kind's load put into the context (`ctx.floor`, analysis/floor.py), the options (paired=FILE)
 and what the kind says of itself (`Kind.floor_arms`: (label, mean val bpb) per arm; `Kind.args`: the options the
 Regenerate command repeats).
 """
@@ -76,11 +76,13 @@ def scaling_blocks(ctx, sc: Scaling, arms: list) -> list:
     return b + identifiability_blocks(sc.table)
 
 
-def command(ctx, program: str = "analysis.report") -> str:
-    """The command that regenerates this report (query, store, the options it was given) into DIR."""
+def command(ctx) -> str:
+    """The command that regenerates this report (its kind, query, store, the options it was given) into DIR:
+    `python -m analysis.report KIND QUERY tracking_uri=URI key=value ... out=DIR`, each value shell-quoted."""
     opt = ctx.options
-    args = ["python", "-m", program, opt.query, "--tracking-uri", display_uri(opt.tracking_uri), *ctx.kind.args(ctx)]
-    return " ".join(shlex.quote(a) for a in args) + " --out DIR"
+    options = [("tracking_uri", display_uri(opt.tracking_uri)), *ctx.kind.args(ctx)]
+    return " ".join(["python -m analysis.report", shlex.quote(ctx.kind.name), shlex.quote(opt.query),
+                     *(f"{key}={shlex.quote(value)}" for key, value in options), "out=DIR"])
 
 
 @section("regenerate")

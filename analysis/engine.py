@@ -62,13 +62,13 @@ class Options:
     tracking_uri: str = ""
     filter_string: str = ""
     formats: tuple = ("png",)
-    baseline: str | None = None  # --baseline: the asked-for baseline (the load resolves ctx.baseline)
-    margin: float | None = None  # --margin: the asked-for margin (the load resolves ctx.margin)
-    paired_path: str | None = None  # --paired FILE, and its measurement (analysis.paired.load_paired)
+    baseline: str | None = None  # baseline=: the asked-for baseline (the load resolves ctx.baseline)
+    margin: float | None = None  # margin=: the asked-for margin (the load resolves ctx.margin)
+    paired_path: str | None = None  # paired=FILE, and its measurement (analysis.paired.load_paired)
     paired: dict | None = None
-    plan_path: str | None = None  # --plan FILE, and its seed plan (analysis.seed_plan.load_plan)
+    plan_path: str | None = None  # plan=FILE, and its seed plan (analysis.seed_plan.load_plan)
     plan: dict | None = None
-    held_out: str | None = None  # --held-out EXPERIMENT=STORE (the ladder kind)
+    held_out: str | None = None  # held_out=EXPERIMENT=STORE (the ladder kind)
     script: str = ""  # the script whose --report regenerates the page (lr transfer)
     previous: str | None = None  # an earlier report's folder, relative to the output, to show (μP hypothesis)
     sources: tuple = ()  # (name, path) of other committed reports a kind reads (known results), overriding defaults
@@ -136,7 +136,7 @@ class Kind:
     sections: tuple
     summary: Callable = lambda ctx: []  # (ctx) -> lines the command prints
     exit_code: Callable = lambda ctx: 0  # (ctx) -> 0 written, 1 written but no usable run
-    args: Callable = lambda ctx: []  # (ctx) -> the options the Regenerate command repeats
+    args: Callable = lambda ctx: []  # (ctx) -> the options the Regenerate command repeats, [(key, value)]
     floor_arms: Callable = lambda ctx: []  # (ctx) -> (label, mean val bpb) per arm, for the floor table
     expected: tuple = ()  # (arm, direction a paper found) for the kinds that check published findings
     files: tuple = ()  # top-level files it writes (removed before a rebuild)

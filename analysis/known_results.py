@@ -1,7 +1,7 @@
 """The known-results report: does the harness recover what the literature found? A report kind, i.e. a list of
 sections over one context (analysis/engine.py):
 
-    python -m analysis.report known-results --kind known-results --tracking-uri sqlite:///study/known-results/mlflow.db
+    python -m analysis.report known-results known-results tracking_uri=sqlite:///study/known-results/mlflow.db
 
 Its runs are a verdict protocol's (conf/verdict/known-results.yaml: every arm against one baseline at one size), so
 it reuses the protocol kind's load and most of its sections; it adds the rows of analysis/literature.py: one per
@@ -176,10 +176,6 @@ def known_rows(ctx: Context) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------------- sections
-def regenerate_args(ctx: Context) -> list[str]:
-    return ["--kind", "known-results", *protocol.regenerate_args(ctx)]
-
-
 @section("known.head")
 def head_section(ctx: Context) -> list:
     rows = ctx.once(known_rows)
@@ -449,6 +445,6 @@ KNOWN_RESULTS = Kind("known-results", protocol.load_protocol, lambda ctx: f"Know
                       "known.lr_sensitivity", "protocol.intro", "protocol.verdicts", "floor", "protocol.lr",
                       "protocol.throughput", "paired",
                       "known.compute", "protocol.provenance", "regenerate"),
-                     summary=protocol.protocol_summary, exit_code=protocol.PROTOCOL.exit_code, args=regenerate_args,
+                     summary=protocol.protocol_summary, exit_code=protocol.PROTOCOL.exit_code, args=protocol.regenerate_args,
                      floor_arms=protocol.floor_arms, expected=EXPECTED,
                      files=protocol.FILES + (CSV,), figures=protocol.PROTOCOL.figures + (KV_FIGURE, LR_FIGURE))

@@ -1,8 +1,8 @@
 """The ladder report: does each verdict hold at the next size? A report kind (analysis/engine.py) over a verdict
 protocol's runs at >= 4 sizes, read from MLflow only:
 
-    python -m analysis.report known-results-ladder --kind ladder --tracking-uri sqlite:///study/ladder/mlflow.db \
-        [--held-out known-results=reports/known-results/mlflow.db.gz]
+    python -m analysis.report ladder known-results-ladder tracking_uri=sqlite:///study/ladder/mlflow.db \
+        [held_out=known-results=reports/known-results/mlflow.db.gz]
 
 It loads the protocol's runs like the protocol kind (analysis/protocol.py: the verdict at each size, Holm within the
 declared family, the margin fixed before the runs) and the paper's direction of each arm (analysis/literature.py),
@@ -11,7 +11,7 @@ then adds, from the statistics of analysis/ladder.py:
 - **Δ against size**: one panel per arm, Δ with its 95% Welch CI at every size, the weighted trend over every size
   with its band (dashed past the largest size: unmeasured), the margin band and the paper's direction; the slope per
   doubling of N with its interval, and the size at which the line reaches the paper's direction;
-- **the held-out size** (the protocol's largest, or another store's with --held-out EXPERIMENT=STORE, read through
+- **the held-out size** (the protocol's largest, or another store's with held_out=EXPERIMENT=STORE, read through
   the protocol code with that protocol's own Holm family and margin): its Δ predicted from the smaller sizes alone,
   its prediction interval and whether the measurement falls inside; 2x and 4x the largest predicted and labelled
   unmeasured;
@@ -52,7 +52,7 @@ SIDE = {"better": "Δ < −m", "worse": "Δ > +m", "equivalent": "|Δ| < m"}
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The largest rung read from another store (--held-out EXPERIMENT=STORE): its protocol and size, and the rows of
+    """The largest rung read from another store (held_out=EXPERIMENT=STORE): its protocol and size, and the rows of
     that protocol's own verdict table there (its Holm family, its margin)."""
 
     source: str
@@ -62,19 +62,19 @@ class HeldOut:
 
 
 def held_out_of(ctx: Context) -> HeldOut | None:
-    """The rung given with --held-out EXPERIMENT=STORE (STORE: a tracking URI, or an SQLite file, .db or .db.gz,
+    """The rung given with held_out=EXPERIMENT=STORE (STORE: a tracking URI, or an SQLite file, .db or .db.gz,
     read from a temporary copy), through the protocol code on that store's runs; None without one."""
     source = ctx.options.held_out
     if not source:
         return None
     experiment, sep, store = source.partition("=")
     if not sep or not experiment or not store:
-        raise AnalysisError(f"--held-out {source}: expected EXPERIMENT=STORE, e.g. "
+        raise AnalysisError(f"held_out={source}: expected EXPERIMENT=STORE, e.g. "
                             "known-results=reports/known-results/mlflow.db.gz")
     if "://" in store:
         runset = load_runs(experiment, store)
     elif not Path(store).is_file():
-        raise AnalysisError(f"--held-out {source}: no file {store}; give an SQLite store (.db or .db.gz) or a "
+        raise AnalysisError(f"held_out={source}: no file {store}; give an SQLite store (.db or .db.gz) or a "
                             "tracking URI")
     else:
         with tempfile.TemporaryDirectory() as tmp:
@@ -85,16 +85,16 @@ def held_out_of(ctx: Context) -> HeldOut | None:
                     shutil.copyfileobj(src, dst)
             runset = load_runs(experiment, f"sqlite:///{db.resolve()}")
     if not is_protocol(runset):
-        raise AnalysisError(f"--held-out {source}: its runs carry no verdict.protocol tag")
+        raise AnalysisError(f"held_out={source}: its runs carry no verdict.protocol tag")
     p = protocol.select(runset)
     try:
         margin = resolve_margin(None, p.seeds["verdict.margin"], p.seeds["verdict.margin_reason"])
     except ValueError as exc:
-        raise AnalysisError(f"--held-out {source}: {exc}") from None
+        raise AnalysisError(f"held_out={source}: {exc}") from None
     table = protocol.verdicts(p, margin)
     size = p.sizes[-1]
     if size in ctx.extra.sizes:
-        raise AnalysisError(f"--held-out {source}: its largest size `{size}` is also a size of `{ctx.extra.name}`; "
+        raise AnalysisError(f"held_out={source}: its largest size `{size}` is also a size of `{ctx.extra.name}`; "
                             "a held-out rung must be another size")
     return HeldOut(source, p.name, size, table[table["size"] == size].reset_index(drop=True))
 
@@ -103,28 +103,28 @@ def load_ladder(ctx: Context) -> None:
     protocol.load_protocol(ctx)
     p, held = ctx.extra, ctx.once(held_out_of)
     if len(p.sizes) + (held is not None) < MIN_SIZES:
-        raise AnalysisError(f"--kind ladder: protocol `{p.name}` ran {len(p.sizes)} size(s) "
-                            f"({', '.join(p.sizes)}){' and --held-out one' if held else ''}; a ladder needs "
+        raise AnalysisError(f"kind ladder: protocol `{p.name}` ran {len(p.sizes)} size(s) "
+                            f"({', '.join(p.sizes)}){' and held_out= one' if held else ''}; a ladder needs "
                             f">= {MIN_SIZES}: {ladder.MIN_FIT} to fit the trend and the largest held out. Report it "
-                            "with --kind auto")
+                            "with kind auto")
     ctx.once(ladder_of)  # a held-out rung that is not the largest fails here, before anything is written
 
 
 def regenerate_args(ctx: Context) -> list[str]:
     held = ctx.once(held_out_of)
-    return ["--kind", "ladder", *(["--held-out", held.source] if held else []), *protocol.regenerate_args(ctx)]
+    return [*([("held_out", held.source)] if held else []), *protocol.regenerate_args(ctx)]
 
 
 def ladder_of(ctx: Context) -> dict:
     """The ladder's numbers, computed once: points, trends, predictions, fits, decision accuracy; the held-out rung
-    is the protocol's largest size, or the one given with --held-out."""
+    is the protocol's largest size, or the one given with held_out=."""
     held, table, sizes = ctx.once(held_out_of), ctx.once(protocol.verdict_table), list(ctx.extra.sizes)
     if held is not None:
         table, sizes = pd.concat([table, held.table], ignore_index=True), sizes + [held.size]
     points = ladder.ladder_points(table, sizes)
     top, rest = points.loc[points["held_out"], "n_params"], points.loc[~points["held_out"], "n_params"]
     if held is not None and len(top) and len(rest) and top.min() <= rest.max():
-        raise AnalysisError(f"--held-out {held.source}: its size `{held.size}` ({top.min():,.0f} parameters) is not "
+        raise AnalysisError(f"held_out={held.source}: its size `{held.size}` ({top.min():,.0f} parameters) is not "
                             f"larger than the ladder's largest ({rest.max():,.0f})")
     trends, predictions, fits = ladder.trends(points, dict(EXPECTED), ctx.margin.value)
     return {"points": points, "trends": trends, "predictions": predictions, "fits": fits,
@@ -212,7 +212,7 @@ def head_section(ctx: Context) -> list:
     judged = held[held["covered"].isin(["yes", "no"])]
     total = lad["decisions"].iloc[-1]
     held = ctx.once(held_out_of)
-    top = (f"`{held.size}` of protocol `{held.protocol}` (`--held-out {held.source}`, its own verdicts)" if held
+    top = (f"`{held.size}` of protocol `{held.protocol}` (`held_out={held.source}`, its own verdicts)" if held
            else f"`{p.sizes[-1]}`")
     b.append(("p", f"**{len(n)} sizes**, N = {n_text(n.min())} to {n_text(n.max())} parameters (the "
                    f"baseline's; {n.max() / n.min():.1f}x); the largest, {top}, is held out: its Δ is "

@@ -1,4 +1,4 @@
-"""The paired throughput section of a report: the JSON of `python -m ablations.paired --json FILE`.
+"""The paired throughput section of a report: the JSON of `python -m ablations.paired json=FILE`.
 
 Throughput measured per run (`final_tokens_per_sec`) comes from runs made at different times on a possibly shared
 machine; only arms timed side by side in one process (interleaved rounds) support a speed comparison. This module
@@ -22,18 +22,18 @@ def load_paired(path: str | Path) -> dict:
     try:
         res = json.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise AnalysisError(f"--paired {path}: cannot read it ({exc.strerror}); pass the file written by "
-                            "python -m ablations.paired --json FILE") from None
+        raise AnalysisError(f"paired={path}: cannot read it ({exc.strerror}); pass the file written by "
+                            "python -m ablations.paired json=FILE") from None
     except json.JSONDecodeError as exc:
-        raise AnalysisError(f"--paired {path}: not JSON ({exc.msg} at line {exc.lineno}); pass the file written by "
-                            "python -m ablations.paired --json FILE") from None
+        raise AnalysisError(f"paired={path}: not JSON ({exc.msg} at line {exc.lineno}); pass the file written by "
+                            "python -m ablations.paired json=FILE") from None
     if not isinstance(res, dict) or res.get("tool") != "ablations.paired" or not isinstance(res.get("arms"), list):
-        raise AnalysisError(f"--paired {path}: not a measurement of python -m ablations.paired (no tool/arms keys)")
+        raise AnalysisError(f"paired={path}: not a measurement of python -m ablations.paired (no tool/arms keys)")
     for a in res["arms"]:
         missing = [k for k in ARM_KEYS if not isinstance(a, dict) or k not in a]
         if missing:
-            raise AnalysisError(f"--paired {path}: an arm lacks {', '.join(missing)}; re-run python -m "
-                                "ablations.paired --json FILE")
+            raise AnalysisError(f"paired={path}: an arm lacks {', '.join(missing)}; re-run python -m "
+                                "ablations.paired json=FILE")
     return res
 
 
@@ -52,7 +52,7 @@ def paired_blocks(res: dict | None, path: str | None) -> list:
         b.append(("p", "No paired measurement was given. Per-run tokens/s in this report are from "
                        f"{UNPAIRED}: they are not a speed comparison. Measure one with `python -m ablations.paired "
                        "ARM=OVERRIDES ...` (every arm in one process, interleaved rounds) and pass its JSON with "
-                       "`--paired FILE`."))
+                       "`paired=FILE`."))
         return b
     ref = res.get("reference", res["arms"][0]["name"])
     b.append(("p", f"From `{path}`: every arm built in one process and timed in {res.get('rounds')} interleaved "

@@ -1,8 +1,8 @@
 """The report of a verdict protocol (`python -m sweeps.verdict`): its runs carry `verdict.*` tags.
 
-    python -m analysis.report <experiment> [--margin M] [--baseline ARM] [--paired FILE]
+    python -m analysis.report protocol <experiment> [margin=M] [baseline=ARM] [paired=FILE]
 
-(the same command as any report: it switches to this kind, PROTOCOL, when the matched runs carry
+(`auto`, the default kind, is this kind, PROTOCOL, when the matched runs carry
 `verdict.protocol`). `load_protocol` fills the context: the protocol's runs and recorded design (`select`: stages,
 sizes, arms, the declared Holm family and paired test), the margin, the verdict table, the n-gram floor. Its
 sections, in order (analysis/engine.py):
@@ -13,7 +13,7 @@ sections, in order (analysis/engine.py):
   stage only (the lr stage's runs choose the lr; the winner of a search is biased low, so they never enter the
   statistics). Welch and TOST p-values are Holm-adjusted within the family the runs declared (`verdict.holm`); the
   verdict is exactly one of better / worse / equivalent within ±m / inconclusive (analysis/verdict.py). The margin m
-  is `--margin`, else the one recorded before the runs (`verdict.margin`), else none. Each row gives the arm's lr
+  is `margin=`, else the one recorded before the runs (`verdict.margin`), else none. Each row gives the arm's lr
   and whether its parameter count differs from the baseline's; with a paired test declared (`verdict.paired`), the
   paired Δ and the correlation beside Welch's. Runs that added their seeds sequentially (`verdict.sequential.*`)
   get the stopping rule's verdicts instead, replayed from the store (analysis/sequential_verdicts.py), the fixed
@@ -25,7 +25,7 @@ sections, in order (analysis/engine.py):
   the baseline with bootstrap CIs over seeds, a log-log figure; with as many compute levels as the law has
   parameters (3) the fit interpolates and the report says so.
 - **Throughput**: per-run tokens/s labelled as runs made at different times (not paired); a paired measurement
-  (`python -m ablations.paired --json FILE`) is shown when given with `--paired FILE`; then provenance, left out and
+  (`python -m ablations.paired json=FILE`) is shown when given with `paired=FILE`; then provenance, left out and
   the Regenerate command.
 """
 from __future__ import annotations
@@ -90,14 +90,14 @@ def floor_arms(ctx: Context) -> list:
     return [(f"`{r['arm']}` at `{r['size']}`", float(r["mean"])) for _, r in ctx.once(verdict_table).iterrows()]
 
 
-def regenerate_args(ctx: Context) -> list[str]:
-    """The options the Regenerate command repeats, as they were given."""
+def regenerate_args(ctx: Context) -> list[tuple[str, str]]:
+    """The options the Regenerate command repeats, as they were given: (key, value)."""
     opt = ctx.options
-    args = ["--filter", opt.filter_string] if opt.filter_string else []
-    args += ["--baseline", opt.baseline] if opt.baseline else []
-    args += ["--margin", f"{opt.margin:g}"] if opt.margin is not None else []
-    args += ["--paired", opt.paired_path] if opt.paired_path else []
-    return args + (["--plan", opt.plan_path] if opt.plan_path else [])
+    args = [("filter", opt.filter_string)] if opt.filter_string else []
+    args += [("baseline", opt.baseline)] if opt.baseline else []
+    args += [("margin", f"{opt.margin:g}")] if opt.margin is not None else []
+    args += [("paired", opt.paired_path)] if opt.paired_path else []
+    return args + ([("plan", opt.plan_path)] if opt.plan_path else [])
 
 
 def protocol_summary(ctx: Context) -> list[str]:

@@ -66,7 +66,7 @@ def declared(inc: pd.DataFrame) -> dict:
     prim = sorted(set(inc.get("verdict.primary", pd.Series(dtype=object)).dropna().astype(str)))
     if len(holm) > 1 or len(prim) > 1:
         raise AnalysisError(f"the runs recorded different Holm families ({', '.join(holm + prim)}): one protocol "
-                            "declares one family; report its runs of one declaration with --filter")
+                            "declares one family; report its runs of one declaration with filter=")
     paired = {"paired": "true" in set(inc.get("verdict.paired", pd.Series(dtype=object)).dropna().astype(str))}
     if not holm:
         return {"holm": "study", "holm_source": "not declared before the runs (no verdict.holm tag): the default, "
@@ -88,7 +88,7 @@ def select(runset: RunSet, baseline: str | None = None) -> ProtocolRuns:
     names = sorted(runs["verdict.protocol"].dropna().astype(str).unique())
     if len(names) > 1:
         raise AnalysisError(f"runs of {len(names)} verdict protocols match ({', '.join(names)}); report one with "
-                            f"--filter \"tags.`verdict.protocol` = '{names[0]}'\"")
+                            f"filter=\"tags.`verdict.protocol` = '{names[0]}'\"")
     name = names[0]
     lo = runset.left_out.copy()
     foreign = inc[inc["verdict.protocol"] != name]
@@ -122,7 +122,7 @@ def select(runset: RunSet, baseline: str | None = None) -> ProtocolRuns:
     if baseline is None:
         if len(tagged) != 1:
             raise AnalysisError(f"the runs name {len(tagged)} baseline arms ({', '.join(tagged) or 'none'}); "
-                                "choose one with --baseline ARM")
+                                "choose one with baseline=ARM")
         baseline = tagged[0]
     if baseline not in family:
         raise AnalysisError(f"baseline arm {baseline!r} has no usable runs; arms: {', '.join(sorted(family))}")

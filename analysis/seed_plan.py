@@ -1,5 +1,5 @@
 """The sds a verdict protocol's seeds were planned for: the JSON of `python -m sweeps.plan ... json=FILE`, read by
-`python -m analysis.report --plan FILE` (issue 38). The planner chose each size's seed count so that a comparison
+`python -m analysis.report ... plan=FILE` (issue 38). The planner chose each size's seed count so that a comparison
 has power 0.8 at those sds; an arm whose observed seed sd exceeds its planned one had less power than planned, so
 the verdict section flags it beside the verdicts (an inconclusive verdict there may be the plan's shortfall).
 """
@@ -23,22 +23,22 @@ def load_plan(path: str | Path) -> dict:
     try:
         res = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise AnalysisError(f"--plan {path}: cannot read it ({exc.strerror}); {again}") from None
+        raise AnalysisError(f"plan={path}: cannot read it ({exc.strerror}); {again}") from None
     except json.JSONDecodeError as exc:
-        raise AnalysisError(f"--plan {path}: not JSON ({exc.msg} at line {exc.lineno}); {again}") from None
+        raise AnalysisError(f"plan={path}: not JSON ({exc.msg} at line {exc.lineno}); {again}") from None
     if not isinstance(res, dict) or res.get("tool") != "sweeps.plan" or not isinstance(res.get("rows"), list):
-        raise AnalysisError(f"--plan {path}: not a plan of python -m sweeps.plan (no tool/rows keys); {again}")
+        raise AnalysisError(f"plan={path}: not a plan of python -m sweeps.plan (no tool/rows keys); {again}")
     for r in res["rows"]:
         missing = [k for k in ROW_KEYS if not isinstance(r, dict) or k not in r]
         if missing:
-            raise AnalysisError(f"--plan {path}: a row lacks {', '.join(missing)}; {again}")
+            raise AnalysisError(f"plan={path}: a row lacks {', '.join(missing)}; {again}")
     return res
 
 
 def check_protocol(plan: dict | None, path: str | None, name: str) -> None:
     """AnalysisError (one line, before anything is written) when the plan is another protocol's."""
     if plan is not None and str(plan.get("protocol")) != str(name):
-        raise AnalysisError(f"--plan {path}: a plan of protocol {plan.get('protocol')!r}, these runs are {name!r}'s; "
+        raise AnalysisError(f"plan={path}: a plan of protocol {plan.get('protocol')!r}, these runs are {name!r}'s; "
                             f"pass the plan of {name!r} (python -m sweeps.plan verdict={name} json=FILE)")
 
 
@@ -67,7 +67,7 @@ def over_plan(table, plan: dict, baseline: str) -> list[dict]:
 
 def plan_blocks(ctx, table) -> list:
     """One paragraph under the verdict table: which arms' seed sd exceeds the sd they were planned for (or that none
-    does); nothing without --plan."""
+    does); nothing without plan=."""
     plan = ctx.options.plan
     if plan is None or table is None or not len(table):
         return []

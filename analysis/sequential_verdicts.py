@@ -52,7 +52,7 @@ def recorded_design(seeds: pd.DataFrame) -> q.Design | None:
     several = [f"{k}: {', '.join(v)}" for k, v in got.items() if len(v) != 1]
     if several:
         raise AnalysisError("the seeds-stage runs recorded different sequential designs (" + "; ".join(several)
-                            + "): one protocol runs one design; report its runs of one design with --filter")
+                            + "): one protocol runs one design; report its runs of one design with filter=")
     raw = {k: v[0] for k, v in got.items()}
     try:
         return q.design_from({**{k: int(raw[k]) for k in ("first", "batch", "cap")}, "spending": raw["spending"],

@@ -126,7 +126,7 @@ def _check_local_store(uri: str) -> None:
     if uri.startswith("sqlite:///"):
         path = uri[len("sqlite:///"):]
         if path and path != ":memory:" and not Path(path).exists():
-            raise AnalysisError(f"no MLflow store at {path} (tracking URI {uri}); pass --tracking-uri or set "
+            raise AnalysisError(f"no MLflow store at {path} (tracking URI {uri}); pass tracking_uri= or set "
                                 "MLFLOW_TRACKING_URI")
     elif uri.startswith("file:") or "://" not in uri:
         path = re.sub(r"^file:(//)?", "", uri)

@@ -19,7 +19,7 @@ Rule (`verdict`), at alpha = 0.05:
 Fewer than two seeds on either side leave the tests undefined: "inconclusive".
 
 Margin m: the smallest effect of interest, fixed before the runs (the verdict config's `margin`, recorded on every
-run as the tag `verdict.margin`), or given to the report (`--margin`, flagged as not fixed in advance). It is never
+run as the tag `verdict.margin`), or given to the report (`margin=`, flagged as not fixed in advance). It is never
 derived from the data it judges; without one no equivalence is tested. A margin wider than 1% of the baseline's
 mean (WIDE_MARGIN) needs its reason printed beside it: an equivalence that only a wide margin buys is not a finding.
 """
@@ -65,17 +65,17 @@ class Margin:
 
 
 def resolve_margin(given: float | None, tagged=(), reasons=(), metric: str = VERDICT_METRIC) -> Margin:
-    """The margin of a report: `given` (--margin) when set, else the one value of the runs' `verdict.margin` tags,
-    else none. ValueError for a bad --margin or runs that recorded different margins."""
+    """The margin of a report: `given` (margin=) when set, else the one value of the runs' `verdict.margin` tags,
+    else none. ValueError for a bad margin= or runs that recorded different margins."""
     if given is not None:
         if not (np.isfinite(given) and given > 0):
-            raise ValueError(f"--margin must be a positive number in {metric} units, got {given}")
-        return Margin(float(given), f"given on the report's command line (--margin {given:g}), not recorded before "
+            raise ValueError(f"margin= must be a positive number in {metric} units, got {given}")
+        return Margin(float(given), f"given on the report's command line (margin={given:g}), not recorded before "
                                     "the runs")
     vals = sorted({float(v) for v in tagged if v is not None and str(v) not in ("", "nan")})
     if len(vals) > 1:
         raise ValueError(f"the runs recorded {len(vals)} different margins ({', '.join(f'{v:g}' for v in vals)}); "
-                         "report one protocol, or pass --margin M")
+                         "report one protocol, or pass margin=M")
     if not vals:
         return Margin(math.nan, "none fixed before the runs (no verdict.margin tag): no equivalence is tested")
     texts = sorted({str(r) for r in reasons if r is not None and str(r) not in ("", "nan")})

@@ -70,4 +70,4 @@ fi
 rm -rf reports/extrapolation/report
 # a store path relative to the repository, so that the report (which names its store) is the same on any checkout
 MLFLOW_TRACKING_URI="sqlite:///$(realpath --relative-to=. "$store")/mlflow.db" \
-  python -m analysis.report ablation extrapolation --out reports/extrapolation/report
+  python -m analysis.report ablation extrapolation out=reports/extrapolation/report

@@ -36,5 +36,5 @@ elif [[ ! -f "$store/mlflow.db" ]]; then
 fi
 for family in "${families[@]}"; do
   rm -rf "reports/first-study/$family"
-  MLFLOW_TRACKING_URI="sqlite:///$store/mlflow.db" python -m analysis.report ablation "$family" --out "reports/first-study/$family"
+  MLFLOW_TRACKING_URI="sqlite:///$store/mlflow.db" python -m analysis.report ablation "$family" out="reports/first-study/$family"
 done

@@ -44,4 +44,4 @@ python -m sweeps.plan verdict=$name pilot_uri=sqlite:///study/recipe-pilot/mlflo
   > "reports/$name/plan.txt"
 rm -rf "reports/$name/report"
 MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report known-results $name \
-  --out "reports/$name/report" --paired "reports/$name/paired.json" --plan "reports/$name/plan.json"
+  out="reports/$name/report" paired="reports/$name/paired.json" plan="reports/$name/plan.json"

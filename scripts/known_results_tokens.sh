@@ -45,8 +45,8 @@ elif [[ ! -f "$store/mlflow.db" ]]; then
 fi
 rm -rf "$out/report"
 # the study's margin (fixed before its runs); Holm over the two comparisons; a relative URI: the same bytes anywhere
-MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report ablation $name --out "$out/report" \
-  --margin 0.02 --baseline "$steps ${arms[0]}"
+MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report ablation $name out="$out/report" \
+  margin=0.02 baseline="$steps ${arms[0]}"
 # the baseline's runs repeat the study's seeds 0-5 exactly (same config, seed and data order), on whatever machine
 # ran them (each report's Provenance names the machines): per seed, this re-run minus the study's run
 python - "$out/report/runs.csv" reports/known-results/report/runs.csv "$steps ${arms[0]}" > "$out/baseline_rerun.txt" <<'PY'

@@ -31,5 +31,5 @@ elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
 rm -rf "$out/report"
-MLFLOW_TRACKING_URI="$uri" python -m analysis.report ladder $name --out "$out/report" \
-  --held-out known-results=reports/known-results/mlflow.db.gz
+MLFLOW_TRACKING_URI="$uri" python -m analysis.report ladder $name out="$out/report" \
+  held_out=known-results=reports/known-results/mlflow.db.gz

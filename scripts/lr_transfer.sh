@@ -90,4 +90,4 @@ if [[ $report_only == 0 ]]; then
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
-python -m analysis.report lr-transfer lr-transfer --tracking-uri "$uri" --out reports/lr-transfer
+python -m analysis.report lr-transfer lr-transfer tracking_uri="$uri" out=reports/lr-transfer

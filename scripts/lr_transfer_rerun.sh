@@ -99,5 +99,5 @@ if [[ $report_only == 0 ]]; then
 elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
-python -m analysis.report lr-transfer "$exp" --tracking-uri "$uri" --out "$out" --script scripts/lr_transfer_rerun.sh
-python -m analysis.report mup-hypothesis "$exp" --tracking-uri "$uri" --out "$out" --previous ..
+python -m analysis.report lr-transfer "$exp" tracking_uri="$uri" out="$out" script=scripts/lr_transfer_rerun.sh
+python -m analysis.report mup-hypothesis "$exp" tracking_uri="$uri" out="$out" previous=..

@@ -30,4 +30,4 @@ elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
 rm -rf "reports/$name/report"
-MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report protocol $name --out "reports/$name/report"
+MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report protocol $name out="reports/$name/report"

@@ -37,5 +37,5 @@ elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
 rm -rf reports/second-study/report
-MLFLOW_TRACKING_URI="sqlite:///$store/mlflow.db" python -m analysis.report protocol second-study --out reports/second-study/report \
-  --paired reports/second-study/paired.json
+MLFLOW_TRACKING_URI="sqlite:///$store/mlflow.db" python -m analysis.report protocol second-study out=reports/second-study/report \
+  paired=reports/second-study/paired.json

@@ -38,8 +38,8 @@ fi
 # planned for, which the report's verdicts check the observed sds against
 python -m sweeps.plan verdict=third-study json=reports/third-study/plan.json > /dev/null
 rm -rf reports/third-study/report
-MLFLOW_TRACKING_URI="sqlite:///study/third-study/mlflow.db" python -m analysis.report protocol third-study --out reports/third-study/report \
-  --paired reports/third-study/paired.json --plan reports/third-study/plan.json
+MLFLOW_TRACKING_URI="sqlite:///study/third-study/mlflow.db" python -m analysis.report protocol third-study out=reports/third-study/report \
+  paired=reports/third-study/paired.json plan=reports/third-study/plan.json
 # what the study's own seed spread says it would take (the planner with this store as the pilot, not plan.sd)
 python -m sweeps.plan verdict=third-study pilot=third-study pilot_uri=sqlite:///study/third-study/mlflow.db sd=null \
   > reports/third-study/plan.txt

@@ -23,7 +23,7 @@ cost per decided row from simulated studies (sweeps/simulate.py).
 
 Defaults come from the verdict file's `plan:` block; `verdict.seeds: plan` makes the protocol take its seed counts
 from here (the largest of its arms' needs at each size, capped at plan.max_seeds). `json=FILE` also writes the sd
-each arm's seeds are planned for (`planned`), which the protocol's report takes with `--plan FILE` to flag an arm
+each arm's seeds are planned for (`planned`), which the protocol's report takes with `plan=FILE` to flag an arm
 whose observed seed sd exceeds it.
 """
 from __future__ import annotations
@@ -237,7 +237,7 @@ COMMAND = Command(
         Option("min_pilot_seeds", "fewer pilot seeds per arm and size are pooled"),
         Option("goal", f"{' | '.join(GOALS)}: what the seeds must achieve"),
         Option("workers", "processes the wall time is divided over"),
-        Option("json", "also write the planned sd of each arm here (analysis.report --plan FILE)", parse=str),
+        Option("json", "also write the planned sd of each arm here (analysis.report plan=FILE)", parse=str),
         Option("simulate", "add the group-sequential design's simulated error rates and cost", False, switch=True),
         Option("studies", "simulated studies with simulate=true", 10_000),
         Option("sim_seed", "their RNG seed", 0)),
@@ -286,7 +286,7 @@ def render(p, s: dict, rows: list[dict]) -> list[str]:
 
 
 def planned(p, s: dict, rows: list[dict]) -> dict:
-    """The sds each (size, arm)'s seeds are planned for, as JSON for `python -m analysis.report --plan FILE`: the
+    """The sds each (size, arm)'s seeds are planned for, as JSON for `python -m analysis.report ... plan=FILE`: the
     spread at plan.sd_at (the estimate, or its 80% upper bound when estimated), for the arm and its baseline, and
     whether the comparison is primary (its seeds come from the plan; a secondary size gets plan.secondary_seeds)."""
     seeds = plan_seeds_from_rows(p, s, rows)

@@ -1,7 +1,7 @@
 """A synthetic MLflow store with the contract's names, for tests and demos of the report (no training needed).
 
     python tests/synthetic_store.py sqlite:////tmp/demo/mlflow.db   # then: python -m analysis.report synthetic \
-                                                                 #   --tracking-uri sqlite:////tmp/demo/mlflow.db
+                                                                 #   tracking_uri=sqlite:////tmp/demo/mlflow.db
 
 Four attention variants x two seeds, finished, plus runs that must be left out of results: a FAILED run, a RUNNING
 run, a KILLED (pruned) run, and a FINISHED run without `final_val_bpb`. The runs that must be left out carry absurd

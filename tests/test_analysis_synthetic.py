@@ -130,6 +130,13 @@ def test_split_runs_reasons_and_duplicates():
                        "f": "run KILLED (pruned by the sweep)"}
 
 
+# The leaves analysis/ may import from the other packages, each importing nothing of the harness: modules.errors, the
+# project's error base (imports nothing), and ablations.cli, the project's one command-line parser (imports the
+# stdlib, yaml lazily and modules.errors; ablations/__init__.py is only a docstring), which every `python -m`
+# command's key=value options go through, analysis.report's too.
+LEAVES = ("modules.errors", "ablations.cli")
+
+
 def test_analysis_never_imports_training_code():
     for path in sorted((REPO / "analysis").rglob("*.py")):
         tree = ast.parse(path.read_text())
@@ -137,14 +144,16 @@ def test_analysis_never_imports_training_code():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for n in names:
-                if n == "modules.errors":  # the project's error base: a leaf module that imports nothing
+                if n in LEAVES:
                     continue
                 assert n.split(".")[0] not in ("ablations", "modules", "sweeps", "torch", "lightning"), (path, n)
-    # and at run time: importing every analysis module loads neither torch nor any model/training code
+    # and at run time: importing every analysis module loads neither torch nor any model/training code, only the
+    # leaves and their packages (whose __init__ is a docstring)
     code = ("import sys, pkgutil, importlib, analysis\n"
             "for m in pkgutil.iter_modules(analysis.__path__): importlib.import_module('analysis.' + m.name)\n"
-            "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'ablations', 'sweeps', 'lightning')"
-            " or (k.startswith('modules') and k not in ('modules', 'modules.errors')))\n"
+            f"allowed = {sorted({*LEAVES, *(n.split('.')[0] for n in LEAVES)})!r}\n"
+            "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'ablations', 'sweeps', 'lightning',"
+            " 'modules') and k not in allowed)\n"
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
@@ -187,7 +196,7 @@ def synthetic_store(tmp_path_factory):
 def synthetic_report(synthetic_store, tmp_path_factory):
     uri, made = synthetic_store
     out = tmp_path_factory.mktemp("synthetic_report")
-    assert report_mod.main(["synthetic", "--tracking-uri", uri, "--out", str(out)]) == 0
+    assert report_mod.main(["synthetic", f"tracking_uri={uri}", f"out={out}"]) == 0
     return out
 
 
@@ -260,7 +269,7 @@ def test_report_table_and_pareto(synthetic_store, synthetic_report):
 
 def test_report_is_deterministic(synthetic_store, synthetic_report, tmp_path):
     uri, _ = synthetic_store
-    assert report_mod.main(["synthetic", "--tracking-uri", uri, "--out", str(tmp_path)]) == 0
+    assert report_mod.main(["synthetic", f"tracking_uri={uri}", f"out={tmp_path}"]) == 0
     first = sorted(p.relative_to(synthetic_report) for p in synthetic_report.rglob("*") if p.is_file())
     second = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert first == second
@@ -271,8 +280,8 @@ def test_report_is_deterministic(synthetic_store, synthetic_report, tmp_path):
 def test_filter_query_spans_experiments_and_baseline_option(synthetic_store, tmp_path):
     uri, _ = synthetic_store
     out = tmp_path / "r"
-    code = report_mod.main(["tags.`choice.attention` LIKE '_qa'", "--tracking-uri", uri,
-                            "--out", str(out), "--baseline", "attention=mqa", "--format", "svg"])
+    code = report_mod.main(["tags.`choice.attention` LIKE '_qa'", f"tracking_uri={uri}",
+                            f"out={out}", "baseline=attention=mqa", "format=svg"])
     assert code == 0
     runs = pd.read_csv(out / "runs.csv")
     assert set(runs["experiment"]) == {"synthetic", "other"}
@@ -285,21 +294,21 @@ def test_filter_query_spans_experiments_and_baseline_option(synthetic_store, tmp
 
 def test_bad_inputs_exit_codes(synthetic_store, tmp_path, capsys):
     uri, _ = synthetic_store
-    assert report_mod.main(["empty", "--tracking-uri", uri, "--out", str(tmp_path / "a")]) == 2
+    assert report_mod.main(["empty", f"tracking_uri={uri}", f"out={tmp_path / 'a'}"]) == 2
     assert "no runs" in capsys.readouterr().err and not (tmp_path / "a").exists()
-    assert report_mod.main(["nope", "--tracking-uri", uri, "--out", str(tmp_path / "b")]) == 2
+    assert report_mod.main(["nope", f"tracking_uri={uri}", f"out={tmp_path / 'b'}"]) == 2
     assert "no experiment named 'nope'" in capsys.readouterr().err
-    assert report_mod.main(["synthetic", "--tracking-uri", uri, "--out", str(tmp_path / "c"),
-                            "--baseline", "attention=xyz"]) == 2
+    assert report_mod.main(["synthetic", f"tracking_uri={uri}", f"out={tmp_path / 'c'}",
+                            "baseline=attention=xyz"]) == 2
     assert "attention=xyz" in capsys.readouterr().err
     missing = tmp_path / "missing.db"
-    assert report_mod.main(["synthetic", "--tracking-uri", f"sqlite:///{missing}"]) == 2
+    assert report_mod.main(["synthetic", f"tracking_uri=sqlite:///{missing}"]) == 2
     assert "no MLflow store" in capsys.readouterr().err and not missing.exists()
-    assert report_mod.main(["metrics.final_val_bpb <<< 1", "--tracking-uri", uri, "--out", str(tmp_path / "d")]) == 2
+    assert report_mod.main(["metrics.final_val_bpb <<< 1", f"tracking_uri={uri}", f"out={tmp_path / 'd'}"]) == 2
     capsys.readouterr()
     # runs exist but none is usable: the report is written, says so and lists why; exit 1
     out = tmp_path / "e"
-    assert report_mod.main(["all_failed", "--tracking-uri", uri, "--out", str(out)]) == 1
+    assert report_mod.main(["all_failed", f"tracking_uri={uri}", f"out={out}"]) == 1
     md = (out / "index.md").read_text()
     assert "No usable runs" in md and "run FAILED (ValueError: x)" in md
     assert not list((out / "figures").glob("*.png")) if (out / "figures").exists() else True
@@ -313,16 +322,25 @@ def test_runs_frame_empty():
 
 
 def test_one_entry_both_spellings(synthetic_store, synthetic_report, tmp_path, capsys):
-    """`analysis.report KIND QUERY` writes what the older `analysis.report QUERY` wrote; a protocol kind of runs that
-    are no protocol's, or a word that is no kind before the query, is refused with one line."""
+    """`analysis.report KIND QUERY` writes what the older `analysis.report QUERY` wrote, and so do the older flags
+    (one line names the new spelling); a protocol kind of runs that are no protocol's, or a word that is no kind before
+    the query, is refused with one line."""
     uri, _ = synthetic_store
-    assert report_mod.main(["ablation", "synthetic", "--tracking-uri", uri, "--out", str(tmp_path / "new")]) == 0
+    assert report_mod.main(["ablation", "synthetic", f"tracking_uri={uri}", f"out={tmp_path / 'new'}"]) == 0
+    capsys.readouterr()
+    assert report_mod.main(["synthetic", "--kind", "ablation", "--tracking-uri", uri, "--out", str(tmp_path / "old"),
+                            "--format", "png"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"python -m analysis.report: --kind ablation --tracking-uri {uri} --out {tmp_path / 'old'} --format "
+                   f"png is spelled kind=ablation tracking_uri={uri} out={tmp_path / 'old'} format=png now"], err
     for name in ("index.md", "summary.csv", "runs.csv"):
         assert (tmp_path / "new" / name).read_bytes() == (synthetic_report / name).read_bytes(), name
-    capsys.readouterr()
-    assert report_mod.main(["protocol", "synthetic", "--tracking-uri", uri, "--out", str(tmp_path / "p")]) == 2
+        assert (tmp_path / "old" / name).read_bytes() == (synthetic_report / name).read_bytes(), name
+    assert f"python -m analysis.report ablation synthetic tracking_uri={uri} baseline=" in \
+        (synthetic_report / "index.md").read_text().split("## Regenerate")[1]
+    assert report_mod.main(["protocol", "synthetic", f"tracking_uri={uri}", f"out={tmp_path / 'p'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "carry no verdict.protocol tag" in err[0] and not (tmp_path / "p").exists()
-    with pytest.raises(SystemExit) as exc:
-        report_mod.main(["norms", "synthetic", "--tracking-uri", uri])
-    assert exc.value.code == 2 and "expected [KIND] QUERY" in capsys.readouterr().err
+    assert report_mod.main(["norms", "synthetic", f"tracking_uri={uri}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("analysis.report: error: expected [KIND] QUERY"), err

@@ -79,6 +79,11 @@ OLD = [  # one old spelling per command that had flags, and what it now reads as
     ("ablations.export", ["run_id=abc", "out=d", "--log"], {"log": True}),
     ("sweeps.plan", ["verdict=x", "--simulate"], {"simulate": True}),
     ("sweeps.replay", ["--orders=20"], {"orders": 20}),
+    ("analysis.report", ["norms", "--tracking-uri", "sqlite:///x.db", "--format", "png", "--format", "svg", "--kind",
+                         "ablation"], {"tracking_uri": "sqlite:///x.db", "format": ("png", "svg"), "kind": "ablation"}),
+    ("analysis.lr_transfer", ["--tracking-uri", "sqlite:///x.db", "--experiment", "e", "--out", "d"],
+     {"tracking_uri": "sqlite:///x.db", "experiment": "e", "out": "d"}),
+    ("analysis.lr_hypothesis", ["--out", "d", "--previous", ".."], {"out": "d", "previous": ".."}),
 ]
 
 
@@ -87,7 +92,8 @@ def test_old_spelling_still_parses_and_names_the_new_one(module, argv, expected,
     values, _ = importlib.import_module(module).COMMAND.parse(argv)
     assert {k: values[k] for k in expected} == expected
     err = capsys.readouterr().err.strip().splitlines()
-    new = " ".join(f"{k}={'true' if v is True else v}" for k, v in expected.items() if k != "only")
+    new = " ".join(f"{k}={'true' if v is True else v}" for k, v in expected.items()
+                   if not isinstance(v, (list, tuple)))  # a list is spelled as each of its values was
     assert len(err) == 1 and "is spelled" in err[0] and all(w in err[0] for w in new.split()), err
 
 
@@ -96,6 +102,10 @@ def test_old_spelling_still_parses_and_names_the_new_one(module, argv, expected,
     ("sweeps.replay", ["order=5"], "did you mean orders="),
     ("ablations.export", ["--logg", "run_id=abc", "out=d"], "did you mean log="),
     ("ablations.memory", ["bnech=true"], "did you mean bench="),
+    ("analysis.report", ["--tracking-url", "sqlite:///x.db", "norms"], "did you mean tracking_uri="),
+    ("analysis.report", ["outt=d", "norms"], "did you mean out="),
+    ("analysis.lr_transfer", ["experimnt=e"], "did you mean experiment="),
+    ("analysis.lr_hypothesis", ["--previus", ".."], "did you mean previous="),
 ])
 def test_wrong_option_is_one_line_exit_2(module, argv, hint):
     code, _, err = run_main(module, argv)
@@ -111,3 +121,37 @@ def test_given_names_the_options_on_the_command_line_in_either_spelling():
                 rest="overrides")
     assert c.given(["sd=null", "--pilot-uri", "u", "--check", "trainer.max_steps=3"]) == {"sd", "pilot_uri", "check"}
     assert c.given(["trainer.max_steps=3"]) == set()
+
+
+def test_an_old_repeatable_flag_adds_up_to_one_list(capsys):
+    """`--format png --format svg` (argparse's action=append) is format=[png,svg]; format=[png,svg] and a repeated
+    format= read the same; given once, the value is as typed; an option that is not `many` keeps its last value."""
+    from ablations.cli import Command, Option
+
+    c = Command("x.y", "", "", (Option("format", "", "png", many=True), Option("out", "", parse=str)))
+    assert c.parse(["--format", "png", "--format", "svg", "--format=pdf"])[0]["format"] == ["png", "svg", "pdf"]
+    assert "--format png --format svg --format=pdf is spelled format=png format=svg format=pdf" in \
+        capsys.readouterr().err
+    assert c.parse(["format=[png,svg]"])[0]["format"] == ["png", "svg"]
+    assert c.parse(["format=png", "format=[svg,pdf]"])[0]["format"] == ["png", "svg", "pdf"]
+    assert c.parse(["format=svg"])[0]["format"] == "svg" and c.parse([])[0]["format"] == "png"
+    assert c.parse(["out=a", "out=b"])[0]["out"] == "b"
+
+
+def test_the_report_tells_a_filter_from_an_option(capsys):
+    """analysis.report's QUERY may be an MLflow filter holding `=`: a word whose text before `=` could name an option
+    is one (unknown: one line, exit 2), any other is the query; KIND and the older kind= are checked as they parse."""
+    from analysis.report import COMMAND, main
+
+    values, words = COMMAND.parse(["ablation", "tags.choice.norm = 'rmsnorm'", "format=[png,svg]", "margin=0.02"])
+    assert words == ["ablation", "tags.choice.norm = 'rmsnorm'"] and values["format"] == ("png", "svg")
+    assert values["margin"] == 0.02 and COMMAND.parse(["params.x='1'"])[1] == ["params.x='1'"]
+    for argv, says in ((["status=1", "q"], "unknown option 'status'"), (["--outt=d", "q"], "unknown option '--outt=d'"),
+                       (["norms", "q"], "expected [KIND] QUERY"), (["ladder", "q", "kind=ladder"], "expected [KIND]"),
+                       (["q", "kind=nope"], "kind=nope: choose one of auto, ablation"),
+                       (["q", "format=[png,gif]"], "format=gif: choose png, svg, pdf"),
+                       (["protocol", "q", "held_out=a=b.db"], "only the ladder kind reads a held-out rung"),
+                       (["q", "margin=wide"], "margin=wide"), ([], "expected [KIND] QUERY")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("analysis.report: error: ") and says in err[0], (argv, err)

@@ -127,7 +127,7 @@ def _commands() -> list[Command]:
 
 METAVARS = {"N": "2", "R": "2", "C": "64", "F": "1e12", "SEC": "1", "URI": "sqlite:///docs-test.db",
             "FILE": "docs-test.json", "DIR": "docs-test", "FILE_OR_DIR": "docs-test.txt", "SECTIONS": "ceilings",
-            "ARM": "arm", "OVERRIDES": ""}
+            "ARM": "arm", "OVERRIDES": "", "KIND": "auto"}
 
 
 def _group_option(group: str) -> str | None:
@@ -353,6 +353,8 @@ def _key_value_command(module: str, argv: list[str]) -> bool:
         return True
     if module == "ablations.bench":  # the rest are the training overrides it measures
         _compose(rest)
+        return True
+    if module == "analysis.report":  # the rest are KIND QUERY (an MLflow filter may hold `=`), checked by its parse
         return True
     return not command.rest  # a tool whose rest is composed by its main (sweeps.plan, sweeps.floor) or parse_args
 

@@ -107,9 +107,8 @@ def built(tmp_path_factory):
     uri = f"sqlite:///{tmp}/mlflow.db"
     make_store(uri)
     out = tmp / "report"
-    r = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, "--kind", "known-results",
-                        "--tracking-uri", uri, "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-m", "analysis.report", "known-results", EXPERIMENT, f"tracking_uri={uri}",
+                        f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = pd.read_csv(out / "known_results.csv", keep_default_na=False).set_index("finding")
     return out, rows
@@ -271,7 +270,7 @@ def test_report_opens_with_the_forest_plot_marking_the_papers_direction(built):
             f"{counts.get('undecided', 0)} undecided") in md
     assert "**Disagreements**" in md and "`geglu`" in md.split("**Disagreements**")[1].split("\n")[0]
     assert (out / "figures" / "quality_vs_kv_cache.png").stat().st_size > 5000
-    assert "--kind known-results" in md.split("## Regenerate")[1]
+    assert f"python -m analysis.report known-results {EXPERIMENT} tracking_uri=" in md.split("## Regenerate")[1]
 
 
 def test_agreement_rule():

@@ -188,7 +188,7 @@ def test_points_weigh_each_delta_by_welchs_variance_and_hold_out_the_largest():
 # ---------------------------------------------------------------------------------------------------- the report
 # A synthetic verdict-protocol store with a planted trend: five sizes N = 2^15 .. 2^19 (the baseline's parameters),
 # four seeds per arm and size, every arm's Δ linear in log2 N plus small deviations, each size with its own seed
-# spread (so the weights differ). The report (`--kind ladder`) must give the slope, the held-out prediction and its
+# spread (so the weights differ). The report (kind `ladder`) must give the slope, the held-out prediction and its
 # coverage that the matrix form computes here from the planted values.
 PROTOCOL = "ladder-synth"
 SIZES = {"w16": 15, "w24": 16, "w32": 17, "w48": 18, "w64": 19}  # name -> log2 N
@@ -264,7 +264,7 @@ def ladder_report(tmp_path_factory):
     uri = f"sqlite:///{tmp}/mlflow.db"
     make_ladder_store(uri)
     out = tmp / "report"
-    assert main([PROTOCOL, "--kind", "ladder", "--tracking-uri", uri, "--out", str(out)]) == 0
+    assert main(["ladder", PROTOCOL, f"tracking_uri={uri}", f"out={out}"]) == 0
     return uri, out
 
 
@@ -347,7 +347,7 @@ def test_report_sections_figures_and_byte_identical_rerun(ladder_report, tmp_pat
     assert "](figures/delta_vs_size.png)" in md and "](figures/forest_by_size.png)" in md
     assert md.index("## Trend with size") < md.index("figures/forest_by_size.png") < md.index("## Verdicts per size")
     again = tmp_path / "again"
-    assert main([PROTOCOL, "--kind", "ladder", "--tracking-uri", uri, "--out", str(again)]) == 0
+    assert main(["ladder", PROTOCOL, f"tracking_uri={uri}", f"out={again}"]) == 0
     files = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
     for f in files:
@@ -358,8 +358,8 @@ def test_too_few_sizes_is_one_line(ladder_report, tmp_path, capsys):
     from analysis.report import main
 
     uri, _ = ladder_report
-    code = main([PROTOCOL, "--kind", "ladder", "--tracking-uri", uri, "--out", str(tmp_path / "r"),
-                 "--filter", "tags.`verdict.size` != 'w64' and tags.`verdict.size` != 'w48'"])
+    code = main(["ladder", PROTOCOL, f"tracking_uri={uri}", f"out={tmp_path / 'r'}",
+                 "filter=tags.`verdict.size` != 'w64' and tags.`verdict.size` != 'w48'"])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and "3 size(s) (w16, w24, w32)" in err and "needs >= 4" in err
@@ -391,17 +391,17 @@ def test_held_out_rung_from_another_store(ladder_report, tmp_path, capsys):
         shutil.copyfileobj(src, dst)
     split = tmp_path / "split"
     held = f"ladder-top={tmp_path}/top.db.gz"
-    assert main([PROTOCOL, "--kind", "ladder", "--tracking-uri", small, "--out", str(split), "--held-out", held]) == 0
+    assert main(["ladder", PROTOCOL, f"tracking_uri={small}", f"out={split}", f"held_out={held}"]) == 0
     for name in ("ladder_points.csv", "ladder_trends.csv", "ladder_predictions.csv", "decision_accuracy.csv"):
         assert (split / name).read_bytes() == (out / name).read_bytes(), name
     md = (split / "index.md").read_text(encoding="utf-8")
-    assert "`w64` of protocol `ladder-top`" in md and f"--held-out {held}" in md
+    assert "`w64` of protocol `ladder-top`" in md and f"held_out={held}" in md
     # a held-out rung must be another, larger size: the ladder's own store names w48 again
     capsys.readouterr()  # MLflow's log lines from making the stores
-    code = main([PROTOCOL, "--kind", "ladder", "--tracking-uri", small, "--out", str(tmp_path / "bad"),
-                 "--held-out", f"{PROTOCOL}={tmp_path}/small.db"])
+    code = main(["ladder", PROTOCOL, f"tracking_uri={small}", f"out={tmp_path / 'bad'}",
+                 f"held_out={PROTOCOL}={tmp_path}/small.db"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "`w48` is also a size" in err
-    assert main([PROTOCOL, "--tracking-uri", small, "--out", str(tmp_path / "bad"), "--held-out", held]) == 2
+    assert main([PROTOCOL, f"tracking_uri={small}", f"out={tmp_path / 'bad'}", f"held_out={held}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "only the ladder kind reads a held-out rung" in err

@@ -138,14 +138,14 @@ def test_report_is_regenerated_byte_for_byte(store, tmp_path):
 def test_the_page_names_its_own_script_and_optimizers(store, tmp_path):
     uri, _ = store
     text = lt.build(tmp_path, uri, script="scripts/other.sh")[0].read_text()
-    assert "--script scripts/other.sh` from" in text and "`scripts/other.sh --report` regenerates" in text
+    assert "script=scripts/other.sh` from" in text and "`scripts/other.sh --report` regenerates" in text
 
 
 def test_unknown_experiment_is_one_line(store, capsys):
     uri, _ = store
-    assert lt.main(["--tracking-uri", uri, "--experiment", "nope", "--out", "/nonexistent/x"]) == 2
+    assert lt.main([f"tracking_uri={uri}", "experiment=nope", "out=/nonexistent/x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: no experiment named 'nope'")
+    assert len(err) == 1 and err[0].startswith("analysis.lr_transfer: error: no experiment named 'nope'")
 
 
 @pytest.mark.parametrize("steps, interior, lr_min, verdict, least", [
@@ -174,7 +174,7 @@ def test_the_one_entry_writes_the_same_page(store, tmp_path):
     uri, _ = store
     old, new = tmp_path / "old", tmp_path / "new"
     lt.build(old, uri)
-    assert main(["lr-transfer", "lr-transfer", "--tracking-uri", uri, "--out", str(new)]) == 0
+    assert main(["lr-transfer", "lr-transfer", f"tracking_uri={uri}", f"out={new}"]) == 0
     assert (new / "lr_transfer.svg").read_bytes() == (old / "lr_transfer.svg").read_bytes()
     # the page names its output folder in its command line; everything else is the same
     assert (new / "index.md").read_text().replace(str(new), str(old)) == (old / "index.md").read_text()

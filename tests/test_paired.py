@@ -215,7 +215,7 @@ def test_json_round_trips_into_the_report(measured, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     synthetic_store.make_store(uri, with_bad_runs=False)
     out = tmp_path / "report"
-    assert report.main(["synthetic", "--tracking-uri", uri, "--out", str(out), "--paired", str(path)]) == 0
+    assert report.main(["synthetic", f"tracking_uri={uri}", f"out={out}", f"paired={path}"]) == 0
     md = (out / "index.md").read_text()
     sec = md.split("## Paired throughput")[1].split("\n## ")[0]
     rms = res["arms"][1]
@@ -224,7 +224,7 @@ def test_json_round_trips_into_the_report(measured, tmp_path):
     assert f"×{rms['ratio']:.3f} [{rms['ratio_ci_low']:.3f}, {rms['ratio_ci_high']:.3f}]" in row
     assert "| `base` | `(defaults)` |" in sec and "reference" in sec
     assert f"`{res['command']}`" in sec
-    assert f"--paired {path}" in md.split("## Regenerate")[1]
+    assert f"paired={path}" in md.split("## Regenerate")[1]
     assert "train tokens/s (unpaired)" in md and "runs made at different times (not paired)" in md
 
 
@@ -233,9 +233,9 @@ def test_bad_paired_file_is_one_line_exit_2(tmp_path, capsys):
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"tool": "something else"}')
-    assert report.main(["synthetic", "--tracking-uri", f"sqlite:///{tmp_path}/none.db", "--paired", str(bad)]) == 2
+    assert report.main(["synthetic", f"tracking_uri=sqlite:///{tmp_path}/none.db", f"paired={bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"--paired {bad}: not a measurement of python -m ablations.paired" in err[0]
+    assert len(err) == 1 and f"paired={bad}: not a measurement of python -m ablations.paired" in err[0]
 
 
 class _Timed:

@@ -125,7 +125,7 @@ def built(tmp_path_factory):
     uri = f"sqlite:///{tmp}/mlflow.db"
     make_store(uri)
     out = tmp / "report"
-    cmd = [sys.executable, "-m", "analysis.report", EXPERIMENT, "--tracking-uri", uri, "--out", str(out)]
+    cmd = [sys.executable, "-m", "analysis.report", EXPERIMENT, f"tracking_uri={uri}", f"out={out}"]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     table = pd.read_csv(out / "verdicts.csv")
@@ -342,8 +342,8 @@ def test_rerun_is_byte_identical(built):
     (out2 / "figures").mkdir(parents=True)
     for p in stale + mine:
         p.write_text(f"{p.name}: written before the rebuild\n")
-    r = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, "--tracking-uri", uri, "--out",
-                        str(out2)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, f"tracking_uri={uri}", f"out={out2}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert not any(p.exists() for p in stale)
     assert all(p.read_text() == f"{p.name}: written before the rebuild\n" for p in mine)

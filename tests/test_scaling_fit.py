@@ -169,8 +169,7 @@ def ladder_store(tmp_path_factory):
 
 def test_report_scaling_section(ladder_store, tmp_path, capsys):
     out = tmp_path / "r"
-    assert report_mod.main(["ladder", "--tracking-uri", ladder_store, "--out", str(out),
-                            "--baseline", "model=s3"]) == 0
+    assert report_mod.main(["ladder", f"tracking_uri={ladder_store}", f"out={out}", "baseline=model=s3"]) == 0
     printed = capsys.readouterr().out
     assert "scaling: fitted 2 of 2 arm(s) over 4 compute values" in printed
     table = pd.read_csv(out / "scaling.csv").set_index("arm")
@@ -192,8 +191,8 @@ def test_report_scaling_section(ladder_store, tmp_path, capsys):
 
 def test_report_without_a_ladder_says_why(ladder_store, tmp_path, capsys):
     out = tmp_path / "one"
-    code = report_mod.main(["ladder", "--tracking-uri", ladder_store, "--out", str(out), "--baseline", "model=s3",
-                            "--filter", "tags.variant LIKE 'model=s3%'"])
+    code = report_mod.main(["ladder", f"tracking_uri={ladder_store}", f"out={out}", "baseline=model=s3",
+                            "filter=tags.variant LIKE 'model=s3%'"])
     assert code == 0
     assert "scaling: skipped: the baseline arm `baseline` has runs at 1 distinct" in capsys.readouterr().out
     md = (out / "index.md").read_text()

@@ -1,5 +1,5 @@
 """A verdict report flags an arm whose observed seed sd exceeds the sd its seeds were planned for (issue 38 §3 item 6):
-sweeps.plan's `json=FILE` records the planned sds (at plan.sd_at), analysis.report's `--plan FILE` checks the verdict
+sweeps.plan's `json=FILE` records the planned sds (at plan.sd_at), analysis.report's `plan=FILE` checks the verdict
 table against them (analysis/seed_plan.py). On a small synthetic protocol store with planted seed values."""
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def report(tmp: Path, uri: str, plan: dict, name: str, capsys):
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(plan))
     out = tmp / name
-    code = main([EXPERIMENT, "--tracking-uri", uri, "--out", str(out), "--plan", str(path)])
+    code = main([EXPERIMENT, f"tracking_uri={uri}", f"out={out}", f"plan={path}"])
     return code, capsys.readouterr().err, out, path
 
 
@@ -76,7 +76,7 @@ def test_arms_above_their_planned_sd_are_flagged_beside_the_verdicts(store, caps
     assert f"`wide` at `m`: {sd['wide']:.4f}, {sd['wide'] / 0.02:.2f}× its planned 0.0200" in flag
     assert "each pilot sd at its 80% upper confidence bound, plan.sd_at=upper" in flag
     assert "`tight`" not in flag  # secondary: 2.58x its row's 0.001, but its seeds were not planned from an sd
-    assert f"--plan {path}" in md.split("## Regenerate")[1]  # the command repeats it
+    assert f"plan={path}" in md.split("## Regenerate")[1]  # the command repeats it
 
 
 def test_within_the_plan_it_says_so(store, capsys):
@@ -95,7 +95,7 @@ def test_another_protocols_plan_is_one_line_and_nothing_written(store, capsys):
     code, err, out, path = report(tmp, uri, PLAN | {"protocol": "other"}, "other", capsys)
     assert code == 2 and not out.exists()
     (line,) = err.strip().splitlines()
-    assert f"--plan {path}: a plan of protocol 'other'" in line and "verdict=plan-proto json=FILE" in line
+    assert f"plan={path}: a plan of protocol 'other'" in line and "verdict=plan-proto json=FILE" in line
     code, err, out, path = report(tmp, uri, {"tool": "ablations.paired"}, "bad", capsys)
     assert code == 2 and not out.exists() and len(err.strip().splitlines()) == 1
     assert "not a plan of python -m sweeps.plan" in err

@@ -76,8 +76,8 @@ def built(tmp_path_factory):
     uri = f"sqlite:///{tmp}/mlflow.db"
     make_store(uri)
     out = tmp / "report"
-    r = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, "--tracking-uri", uri, "--out",
-                        str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, f"tracking_uri={uri}", f"out={out}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return pd.read_csv(out / "verdicts.csv", keep_default_na=False), (out / "index.md").read_text()
 

@@ -162,7 +162,7 @@ def test_margin_is_never_derived_from_the_data():
     assert math.isnan(none.value) and "no equivalence is tested" in none.source
     given = resolve_margin(0.05, ["0.02"])
     assert given.value == 0.05 and not given.preset and "not recorded before the runs" in given.source
-    with pytest.raises(ValueError, match="--margin"):
+    with pytest.raises(ValueError, match="margin="):
         resolve_margin(-1.0)
     with pytest.raises(ValueError, match="2 different margins"):
         resolve_margin(None, ["0.02", "0.03"])
