@@ -180,12 +180,9 @@ def known_rows(ctx: Context) -> pd.DataFrame:
 def head_section(ctx: Context) -> list:
     rows = ctx.once(known_rows)
     counts = rows["agreement"].value_counts()
-    b = protocol.head_section(ctx)
-    b[0] = ("h1", f"Known results: `{ctx.extra.name}`")
-    b.append(("p", f"**{len(rows)} published findings**: {counts.get('agree', 0)} agree, "
-                   f"{counts.get('disagree', 0)} disagree, {counts.get(UNDECIDED, 0)} undecided (see "
-                   "[Findings](#findings))."))
-    return b
+    return protocol.head_section(ctx, "Known results", (
+        f"**{len(rows)} published findings**: {counts.get('agree', 0)} agree, {counts.get('disagree', 0)} disagree, "
+        f"{counts.get(UNDECIDED, 0)} undecided (see [Findings](#findings)).",))
 
 
 @section("known.findings")

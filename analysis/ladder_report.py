@@ -205,8 +205,6 @@ def ladder_figure(points: pd.DataFrame, fits: dict, predictions: pd.DataFrame, e
 def head_section(ctx: Context) -> list:
     lad = ctx.once(ladder_of)
     p, pts = ctx.extra, lad["points"]
-    b = protocol.head_section(ctx)
-    b[0] = ("h1", f"Ladder: `{p.name}`")
     n = pts.groupby("size")["n_params"].first()
     held = lad["predictions"][lad["predictions"]["interval"] == "prediction interval"]
     judged = held[held["covered"].isin(["yes", "no"])]
@@ -214,15 +212,13 @@ def head_section(ctx: Context) -> list:
     held = ctx.once(held_out_of)
     top = (f"`{held.size}` of protocol `{held.protocol}` (`held_out={held.source}`, its own verdicts)" if held
            else f"`{p.sizes[-1]}`")
-    b.append(("p", f"**{len(n)} sizes**, N = {n_text(n.min())} to {n_text(n.max())} parameters (the "
-                   f"baseline's; {n.max() / n.min():.1f}x); the largest, {top}, is held out: its Δ is "
-                   "predicted from the smaller sizes alone. "
-                   f"**Held out**: the measured Δ lies inside its 95% prediction interval for "
-                   f"{int((judged['covered'] == 'yes').sum())} of {len(judged)} arms. **Decision accuracy**: a smaller "
-                   f"size's verdict is the largest size's in {int(total['same_verdict'])} of {int(total['arms'])} "
-                   f"comparisons, the sign of its Δ in {int(total['same_sign'])}. See [Trend with size]"
-                   "(#trend-with-size)."))
-    return b
+    return protocol.head_section(ctx, "Ladder", (
+        f"**{len(n)} sizes**, N = {n_text(n.min())} to {n_text(n.max())} parameters (the baseline's; "
+        f"{n.max() / n.min():.1f}x); the largest, {top}, is held out: its Δ is predicted from the smaller sizes alone. "
+        f"**Held out**: the measured Δ lies inside its 95% prediction interval for "
+        f"{int((judged['covered'] == 'yes').sum())} of {len(judged)} arms. **Decision accuracy**: a smaller size's "
+        f"verdict is the largest size's in {int(total['same_verdict'])} of {int(total['arms'])} comparisons, the sign "
+        f"of its Δ in {int(total['same_sign'])}. See [Trend with size](#trend-with-size).",))
 
 
 @section("ladder.trend")

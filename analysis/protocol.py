@@ -132,17 +132,18 @@ def forest_by_size_section(ctx: Context) -> list:
 
 
 @section("protocol.head")
-def head_section(ctx: Context) -> list:
-    """The title, the floor's headline (the best arm at the largest size) and the commit line."""
+def head_section(ctx: Context, title: str = "Verdict protocol report", summary: tuple = ()) -> list:
+    """The title (`title`: the protocol's name), the floor's headline (the best arm at the largest size), the commit
+    line, then the kind's own `summary` paragraphs (known-results' agreement count, the ladder's held-out size)."""
     p = ctx.extra
-    b: list = [("h1", f"Verdict protocol report: `{p.name}`")]
+    b: list = [("h1", f"{title}: `{p.name}`")]
     table = ctx.once(verdict_table)
     at = table[table["size"] == p.sizes[-1]] if len(table) else table
     if len(at):
         best = at.loc[at["mean"].idxmin()]
         b.extend(headline(ctx.floor, float(best["mean"]), f"the best arm at the largest size (`{best['arm']}` at "
                                                          f"`{best['size']}`)"))
-    return b + _commit_headline(ctx.runs)
+    return b + _commit_headline(ctx.runs) + [("p", text) for text in summary]
 
 
 @section("protocol.intro")
