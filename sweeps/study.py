@@ -24,7 +24,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import optuna
 from omegaconf import OmegaConf
@@ -33,13 +33,16 @@ from optuna.trial import TrialState
 from ablations.compose import CONF_DIR, config_dir
 from ablations.tracking import tracking_uri
 from sweeps.errors import SweepError
-from sweeps.links import MlflowLinks
 from sweeps.samplers import make_pruner, make_sampler, pruner_name
 from sweeps.settings import SweepSettings, compose_checked, search_plan, sweep_name
 from sweeps.storage import BudgetLock, check_url, make_storage, mask_url
 from sweeps.summary import summarize
-from sweeps.trials import TrainFn, TrialRunner, stale_handler
 from sweeps.workers import launch_workers
+
+if TYPE_CHECKING:  # imported where a study opens: a refused command line (an unknown sweep, a bad key) is answered
+    #                before torch, Lightning and MLflow are imported (~7 s of CPU of a ~9 s refusal before)
+    from sweeps.links import MlflowLinks
+    from sweeps.trials import TrainFn
 
 # Heartbeats, retry callback, metric names, multivariate TPE: all "experimental" in Optuna 5 and used on purpose.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -97,6 +100,9 @@ class Sweep:
     def work(self, settings: SweepSettings) -> optuna.Study:
         """Steps 2-4 inside config_dir(): the search plan, the study in its storage, then trials until the budget is
         used; prints the summary and returns the study."""
+        from sweeps.links import MlflowLinks
+        from sweeps.trials import TrialRunner
+
         say = _sayer(settings.study_name, self.out)
         search = search_plan(settings, self.trial_user_overrides, say)
         probe = compose_checked(search.base)  # the base config must compose before the storage is touched
@@ -128,6 +134,8 @@ def open_study(settings: SweepSettings, links: MlflowLinks, sampler, pruner, say
     """Step 3: the storage (created on first use), the MLflow store checked, the study created or joined, all
     under the study's budget lock: the first workers on a fresh database would race creating the tables, and two
     workers creating a fresh mlflow.db at once race in MLflow's schema migration."""
+    from sweeps.trials import stale_handler
+
     check_url(settings.storage)
     lock = BudgetLock(settings.storage, settings.study_name)
     directions = [o.direction for o in settings.objectives]

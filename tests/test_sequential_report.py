@@ -191,7 +191,7 @@ def test_the_report_replays_the_looks_the_protocol_ran(tmp_path, monkeypatch):
     from analysis.sequential import Design
     from sweeps.verdict import Verdict
 
-    monkeypatch.setattr("sweeps.study.MlflowLinks.check", lambda self: None)
+    monkeypatch.setattr("sweeps.links.MlflowLinks.check", lambda self: None)
     uri = f"sqlite:///{tmp_path}/m.db"
     trained: dict = {}
 
