@@ -9,7 +9,6 @@ import hashlib
 import http.client
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -131,15 +130,11 @@ def _new_sqlite_store(uri: str) -> None:
     db = _sqlite_file(uri)
     if db is None or not db.parent.is_dir() or db.exists() and db.stat().st_size > 0:
         return
-    from .sources import temp_beside
+    from .sources import atomic_write_bytes
 
-    fd, tmp = temp_beside(db)
-    os.close(fd)
-    try:
-        shutil.copyfile(_sqlite_template(), tmp)
-        os.replace(tmp, db)  # under the open lock: no other process of ours opens `db` meanwhile
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    # whole or not at all (a copy beside it, renamed over it), under the open lock: no other process of ours opens
+    # `db` meanwhile
+    atomic_write_bytes(db, _sqlite_template().read_bytes())
 
 
 def _sqlite_template() -> Path:
