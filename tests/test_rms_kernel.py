@@ -158,9 +158,10 @@ def test_kernel_off_is_one_warning_and_the_op_by_op_path(monkeypatch):
     torch.testing.assert_close(rms_norm(x, w, 1e-6), F.rms_norm(x, (16,), w, 1e-6), rtol=1e-6, atol=1e-6)
 
 
-def test_one_build_per_cpu_kind(monkeypatch):
+def test_one_build_per_cpu_kind_and_source(monkeypatch, tmp_path):
     """The build is -march=native: its cached name carries a hash of the CPU's model and flags, so a home directory
-    shared with a machine of another CPU never loads this one's build."""
+    shared with a machine of another CPU never loads this one's build; and of the source, so another version of the
+    kernel (another checkout on this machine) builds beside this one instead of over it."""
     class FakePath:
         text = ""
 
@@ -174,5 +175,9 @@ def test_one_build_per_cpu_kind(monkeypatch):
     tags = {}
     for name, flags in (("avx512", "fpu sse2 avx2 avx512f"), ("avx2", "fpu sse2 avx2"), ("again", "fpu sse2 avx2")):
         FakePath.text = f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n"
-        tags[name] = rms_kernel._cpu_tag()
-    assert tags["avx512"] != tags["avx2"] == tags["again"]
+        tags[name] = rms_kernel._build_tag()
+    other = tmp_path / "rms_norm.cpp"
+    other.write_bytes(rms_kernel._SOURCE.read_bytes() + b"// another version\n")
+    monkeypatch.setattr(rms_kernel, "_SOURCE", other)
+    tags["edited"] = rms_kernel._build_tag()
+    assert tags["avx512"] != tags["avx2"] == tags["again"] != tags["edited"]

@@ -4,9 +4,9 @@ activations each way and trains slower than LayerNorm on CPU, although it does l
 `ablations.bench --only norms`).
 
 The kernel is rms_norm.cpp beside this file (installed with the package: pyproject's package data), built with
-PyTorch's C++ extension machinery on first use (a C++ compiler and ninja; ~30 s once, then cached in torch's
-extension directory). Where it cannot be built, or with ABLATIONS_RMSNORM_KERNEL=off, `kernel()` returns None
-and RMSNorm keeps its op-by-op path; the reason is given once as a warning.
+PyTorch's C++ extension machinery on first use (a C++ compiler and ninja; ~20 s of CPU once, then cached in
+torch's extension directory). Where it cannot be built, or with ABLATIONS_RMSNORM_KERNEL=off, `kernel()` returns
+None and RMSNorm keeps its op-by-op path; the reason is given once as a warning.
 
     y    = x * r * w,  r = 1 / sqrt(mean(x^2) + eps)                          (rows, d) fp32
     dx   = r * g - (r^3 / d) * x * sum(g * x),  g = dy * w
@@ -36,10 +36,12 @@ def _find_ninja() -> bool:
     return False
 
 
-def _cpu_tag() -> str:
-    """A short hash of this CPU's model and instruction-set flags: the build is -march=native, so a home directory
-    shared by machines of other CPUs (a cluster's) must not hand one machine's build to another (illegal
-    instructions)."""
+def _build_tag() -> str:
+    """A short hash of this CPU's model and instruction-set flags and of the kernel's source: the build is
+    -march=native, so a home directory shared by machines of other CPUs (a cluster's) must not hand one machine's
+    build to another (illegal instructions); and two versions of the source on one machine (two checkouts, an
+    upgrade) each get their own build, where under one name they rebuilt over each other and one could load the
+    other's library."""
     import hashlib
     import platform
 
@@ -49,12 +51,12 @@ def _cpu_tag() -> str:
     except OSError:
         info = []
     text = "\n".join(info) or f"{platform.machine()} {platform.processor()}"
-    return hashlib.sha1(text.encode()).hexdigest()[:10]
+    return hashlib.sha1(text.encode() + b"\0" + _SOURCE.read_bytes()).hexdigest()[:10]
 
 
 def kernel():
-    """The compiled extension (rms_norm: the op with its C++ autograd node; forward, backward: the two kernels on
-    (rows, d)), or None where it cannot be had (the reason warned once)."""
+    """The compiled kernel's ops, `torch.ops.ablations_rms` (rms_norm: the op with its C++ autograd node; forward,
+    backward: the two kernels on (rows, d)), or None where it cannot be had (the reason warned once)."""
     if "module" in _built:
         return _built["module"]
     module, why = None, None
@@ -64,13 +66,17 @@ def kernel():
         why = "ninja not found (pip install ninja)"
     else:
         try:
+            import torch
             from torch.utils.cpp_extension import load
 
-            # -march=native: one build per CPU kind (_cpu_tag), each cached by torch under its own name.
+            # -march=native: one build per CPU kind and source (_build_tag), each cached by torch under its own name.
             # -fopenmp: at::parallel_for is a template whose parallel branch exists only where _OPENMP is defined;
             # the library linked is libgomp.so.1, the one torch has already loaded (one thread pool)
-            module = load(f"ablations_rms_norm_{_cpu_tag()}", sources=[str(_SOURCE)], extra_cflags=[
-                "-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+            load(f"ablations_rms_norm_{_build_tag()}", sources=[str(_SOURCE)], extra_cflags=[
+                "-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], is_python_module=False,
+                verbose=False)
+            module = torch.ops.ablations_rms  # the ops the library registered as it loaded (TORCH_LIBRARY)
+            module.rms_norm  # noqa: B018 - a library that registered nothing is refused here, not at the first call
         except Exception as e:  # noqa: BLE001 - any build failure leaves the op-by-op path, which is correct
             why = " ".join(str(e).split())[:300] or type(e).__name__
     if module is None:
