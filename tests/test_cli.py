@@ -145,7 +145,8 @@ def test_the_report_tells_a_filter_from_an_option(capsys):
 
     values, words = COMMAND.parse(["ablation", "tags.choice.norm = 'rmsnorm'", "format=[png,svg]", "margin=0.02"])
     assert words == ["ablation", "tags.choice.norm = 'rmsnorm'"] and values["format"] == ("png", "svg")
-    assert values["margin"] == 0.02 and COMMAND.parse(["params.x='1'"])[1] == ["params.x='1'"]
+    assert values["margin"] == 0.02 and COMMAND.parse(["params.x='1'"])[1] == ["auto", "params.x='1'"]
+    assert COMMAND.parse(["q", "kind=protocol"])[1] == ["protocol", "q"]  # the words resolved: [KIND, QUERY]
     for argv, says in ((["status=1", "q"], "unknown option 'status'"), (["--outt=d", "q"], "unknown option '--outt=d'"),
                        (["norms", "q"], "expected [KIND] QUERY"), (["ladder", "q", "kind=ladder"], "expected [KIND]"),
                        (["q", "kind=nope"], "kind=nope: choose one of auto, ablation"),
