@@ -193,6 +193,12 @@ class Command:
             print(self.help())
             raise SystemExit(0) from None
 
+    def fail(self, error: Exception) -> int:
+        """The analysis commands' one error line, `<module>: error: ...` (their historical form; the others print
+        `error: <module>: ...` through `read`), the message's own leading `<module>: ` not repeated; -> exit status 2."""
+        print(f"{self.module}: error: {str(error).removeprefix(self.module + ': ')}", file=sys.stderr)
+        return 2
+
     def read(self, argv: list[str]) -> tuple[dict, list[str]]:
         """`parse` for a main(): prints the help and exits 0, or prints the one-line error and exits 2."""
         try:

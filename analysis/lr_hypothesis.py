@@ -180,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         options = Options(query=o["experiment"], tracking_uri=o["tracking_uri"] or "", previous=o["previous"])
         ctx = build(MUP_HYPOTHESIS, Context(out=Path(o["out"]), options=options))
     except (CommandLineError, AnalysisError) as e:
-        print(f"analysis.lr_hypothesis: error: {str(e).removeprefix('analysis.lr_hypothesis: ')}", file=sys.stderr)
-        return 2
+        return COMMAND.fail(e)
     print("\n".join(MUP_HYPOTHESIS.summary(ctx)))
     return 0
 

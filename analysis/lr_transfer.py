@@ -454,8 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in build(o["out"], o["tracking_uri"], o["experiment"], o["script"]):
             print(p)
     except (CommandLineError, AnalysisError) as e:
-        print(f"analysis.lr_transfer: error: {str(e).removeprefix('analysis.lr_transfer: ')}", file=sys.stderr)
-        return 2
+        return COMMAND.fail(e)
     return 0
 
 

@@ -88,7 +88,7 @@ class ReportCommand(Command):
     """The report's command line: KIND and QUERY are bare words, and QUERY, an MLflow filter, may hold `=`
     ("tags.choice.norm = 'rmsnorm'"), so an argument with `=` is an option only when the text before it could name
     one; `parse` also checks what a line can be checked for before anything is read (the words, the kind, the
-    figure formats, a held-out rung of a kind that reads none)."""
+    figure formats, a held-out rung of a kind that reads none) and returns the words resolved: [KIND, QUERY]."""
 
     def parse(self, argv: list[str]) -> tuple[dict, list[str]]:
         values, words = super().parse(argv)
@@ -100,11 +100,11 @@ class ReportCommand(Command):
         if bad or not values["format"]:
             raise CommandLineError(f"{self.module}: format={bad[0] if bad else '[]'}: choose {', '.join(FORMATS)} "
                                    "(several: format=[png,svg])")
-        kind, _ = kind_and_query(values, words)
+        kind, query = kind_and_query(values, words)
         if values["held_out"] and kind != "ladder":
             raise CommandLineError(f"{self.module}: held_out={values['held_out']}: only the ladder kind reads a "
                                    f"held-out rung; use {self.name} ladder QUERY")
-        return values, words
+        return values, [kind, query]
 
 
 def kind_and_query(values: dict, words: list[str]) -> tuple[str, str]:
@@ -151,19 +151,12 @@ COMMAND = ReportCommand(
                    for line in __doc__.split("\n\n")[1].splitlines()))
 
 
-def fail(message: str) -> int:
-    """The one error line, `analysis.report: error: ...`; exit status 2 (nothing written)."""
-    print(f"analysis.report: error: {message.removeprefix('analysis.report: ')}", file=sys.stderr)
-    return 2
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        o, words = COMMAND.parse_or_help(argv)
+        o, (kind, query) = COMMAND.parse_or_help(argv)
     except CommandLineError as exc:
-        return fail(str(exc))
-    kind, query = kind_and_query(o, words)
+        return COMMAND.fail(exc)  # nothing written
     out = o["out"] or str(Path("reports") / (re.sub(r"[^A-Za-z0-9_.-]+", "_", query).strip("_") or "report"))
     try:
         ctx = build_report(query, out, baseline=o["baseline"] or None, tracking_uri=o["tracking_uri"],
@@ -171,7 +164,7 @@ def main(argv=None) -> int:
                            paired=o["paired"], kind=kind, plan=o["plan"], held_out=o["held_out"],
                            script=o["script"] or "", previous=o["previous"])
     except AnalysisError as exc:
-        return fail(str(exc))
+        return COMMAND.fail(exc)
     print("\n".join(ctx.kind.summary(ctx)))
     code = ctx.kind.exit_code(ctx)
     if code and ctx.kind is ABLATION:

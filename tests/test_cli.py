@@ -1,14 +1,13 @@
 """Every `python -m` command of the project: listed in docs/commands.md, `--help` exits 0 and lists its options, an
 old flag spelling still runs with one line naming the new one, a wrong option is one line naming it (exit 2)."""
-import contextlib
 import importlib
-import io
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from commands_testing import run_main
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("ablations", "sweeps", "analysis")
@@ -35,18 +34,6 @@ def test_every_command_is_in_the_inventory():
     assert set(COMMANDS) == listed, "docs/commands.md's table and the entry points differ"
 
 
-def run_main(module: str, argv: list[str]) -> tuple[int, str, str]:
-    """main(argv) in this process -> (exit code, stdout, stderr); SystemExit is an exit code like any other."""
-    main = importlib.import_module(module).main
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code or 0, out.getvalue(), err.getvalue()
-
-
 def declared(module: str):
     """The module's ablations.cli.Command, where it has one (ablations.bench's is in its cli submodule)."""
     main = importlib.import_module(module).main
@@ -56,7 +43,8 @@ def declared(module: str):
 @pytest.mark.parametrize("module", [m for m in COMMANDS if m != "ablations.run"])
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_help_lists_the_options(module, flag):
-    code, out, _ = run_main(module, [flag])
+    r = run_main(module, [flag])
+    code, out = r.returncode, r.stdout
     assert code == 0 and out.lstrip().startswith("usage:"), out[:300]
     command = declared(module)
     for option in command.options if command else ():
@@ -108,7 +96,8 @@ def test_old_spelling_still_parses_and_names_the_new_one(module, argv, expected,
     ("analysis.lr_hypothesis", ["--previus", ".."], "did you mean previous="),
 ])
 def test_wrong_option_is_one_line_exit_2(module, argv, hint):
-    code, _, err = run_main(module, argv)
+    r = run_main(module, argv)
+    code, err = r.returncode, r.stderr
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and argv[0] in lines[0] and hint in lines[0], lines
 
@@ -145,7 +134,8 @@ def test_the_report_tells_a_filter_from_an_option(capsys):
 
     values, words = COMMAND.parse(["ablation", "tags.choice.norm = 'rmsnorm'", "format=[png,svg]", "margin=0.02"])
     assert words == ["ablation", "tags.choice.norm = 'rmsnorm'"] and values["format"] == ("png", "svg")
-    assert values["margin"] == 0.02 and COMMAND.parse(["params.x='1'"])[1] == ["params.x='1'"]
+    assert values["margin"] == 0.02 and COMMAND.parse(["params.x='1'"])[1] == ["auto", "params.x='1'"]
+    assert COMMAND.parse(["q", "kind=protocol"])[1] == ["protocol", "q"]  # the words resolved: [KIND, QUERY]
     for argv, says in ((["status=1", "q"], "unknown option 'status'"), (["--outt=d", "q"], "unknown option '--outt=d'"),
                        (["norms", "q"], "expected [KIND] QUERY"), (["ladder", "q", "kind=ladder"], "expected [KIND]"),
                        (["q", "kind=nope"], "kind=nope: choose one of auto, ablation"),

@@ -411,15 +411,17 @@ def test_a_shard_is_written_as_its_tokens_arrive_not_held_in_memory(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- end to end
 @pytest.mark.slow
-def test_run_trains_on_a_parquet_corpus(tmp_path):
+def test_run_trains_on_a_parquet_corpus(tmp_path, train_here, capsys):
+    """A training on a parquet corpus, prepared on the way (in this process: the command line's own summary line is
+    tests/test_harness_run.py's)."""
+    import math
+
     corpus = write_parquet(tmp_path / "c.parquet", make_docs(200, words=60))
     args = ["data=hf", f"data.path={corpus}", "tokenizer=byte", "model=tiny", "data.batch_size=4",
             "data.val_windows=4", "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.log_every_n_steps=1",
             "trainer.enable_progress_bar=false", "generate.max_new_tokens=4", "generate.bench_decode_tokens=2",
             "generate.bench_prefill_tokens=8", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
             f"checkpoint.dir={tmp_path / 'ckpt'}", f"data.cache_dir={tmp_path / 'cache'}", "threads=1"]
-    r = subprocess.run([sys.executable, "-m", "ablations.run", *args], cwd=tmp_path, env=_env(), capture_output=True,
-                       text=True, timeout=400)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "[ablations] prepared: 200 documents (29 empty, skipped)" in r.stdout
-    assert r.stdout.strip().splitlines()[-1].startswith("[ablations] done: val_loss ")
+    res = train_here(tmp_path, args)
+    assert "[ablations] prepared: 200 documents (29 empty, skipped)" in capsys.readouterr().out
+    assert res["steps"] == 2 and res["run_id"] and math.isfinite(res["val_loss"])

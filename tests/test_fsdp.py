@@ -64,53 +64,36 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, shakespeare_path, train_here, cache):
-    """One process, 20 steps at a global batch of 8: the default model, and rope + GQA + SwiGLU."""
-    out = {}
-    for name, extra in (("default", []), ("llama", LLAMA)):
-        cwd = tmp_path_factory.mktemp(f"one-{name}")
-        res = train_here(cwd, one_process(cwd, shakespeare_path, *extra))
-        out[name] = (losses(cwd, res["run_id"]), losses(cwd, res["run_id"], "val/loss"))
-    return out
+    """One process, 20 steps at a global batch of 8, rope + GQA + SwiGLU + RMSNorm: (train losses, val losses)."""
+    cwd = tmp_path_factory.mktemp("one-llama")
+    res = train_here(cwd, one_process(cwd, shakespeare_path, *LLAMA))
+    return losses(cwd, res["run_id"]), losses(cwd, res["run_id"], "val/loss")
 
 
 @pytest.mark.slow
-def test_fsdp_two_processes_follow_one_process(tmp_path, shakespeare_path, train_here, reference):
-    """World size 2, sharded, rope + GQA + SwiGLU, against one process at the same global batch: every step's loss
-    over 20 steps, the validations. (The default model's 20 steps: the resume test below, across world sizes.)"""
-    from mlflow import MlflowClient
-
-    res = train_here(tmp_path, fsdp(tmp_path, shakespeare_path, 2, *LLAMA))
-    want_train, want_val = reference["llama"]
-    assert_same_trajectory(losses(tmp_path, res["run_id"]), want_train, range(1, STEPS + 1))
-    assert_same_trajectory(losses(tmp_path, res["run_id"], "val/loss"), want_val, (10, 20))
-    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(res["run_id"])
-    assert run.info.status == "FINISHED" and run.data.tags["world_size"] == "2"
-    # sharded for real: the checkpoint is one shard per rank (torch.distributed.checkpoint), the link to it atomic
-    (last,) = (tmp_path / "checkpoints").glob("*/last.ckpt")
-    assert last.is_symlink() and sorted(p.name for p in last.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    # the run's final weights are the gathered full model: its final checkpoint's val loss is the run's last one
-    assert res["val_loss"] == pytest.approx(want_val[20], rel=REL)
-
-
-@pytest.mark.slow
-def test_sharded_resume_across_world_sizes_is_one_exact_run(tmp_path, shakespeare_path, train_here, reference):
-    """The default model on 2 processes killed after step 7 (checkpoint at 5) -> resumed on 1 (resume=PATH),
-    killed after 12 (checkpoint at 10) -> the same command with resume=auto, killed after 16 (checkpoint at 15) ->
-    resumed on 2 to step 20: one MLflow run whose every step's loss equals the uninterrupted one-process run's
-    (so it is also the default model's FSDP-against-one-process test)."""
+def test_sharded_training_and_resume_across_world_sizes_is_one_exact_run(tmp_path, shakespeare_path, train_here,
+                                                                          reference):
+    """Rope + GQA + SwiGLU + RMSNorm, sharded on 2 processes, killed after step 7 (checkpoint at 5) -> resumed on 1
+    (resume=PATH), killed after 12 (checkpoint at 10) -> the same command with resume=auto, killed after 16
+    (checkpoint at 15) -> resumed on 2 to step 20: one MLflow run whose every step's loss and both validations equal
+    the uninterrupted one-process run's at the same global batch (so steps 1-7 and 16-20 are FSDP on 2 processes
+    against one process, steps 8-15 the sharded checkpoints read by one). The launch paths' other halves: the
+    default model in tests/test_nodes.py (two torchrun nodes), every variant's gradient below."""
     from faults import KillAt
     from mlflow import MlflowClient
 
     def segment(devices, name, *extra, callbacks=()):
-        return train_here(tmp_path, [*fsdp(tmp_path, shakespeare_path, devices), f"checkpoint.dir={name}", *extra],
-                          callbacks=callbacks)
+        return train_here(tmp_path, [*fsdp(tmp_path, shakespeare_path, devices, *LLAMA), f"checkpoint.dir={name}",
+                                     *extra], callbacks=callbacks)
 
     with pytest.raises(Exception):  # the workers die like kill -9; the parent marks the run FAILED
         segment(2, "a", callbacks=[KillAt(7)])
     (first,) = (tmp_path / "a").glob("*/last.ckpt")
+    # sharded for real: the checkpoint is one shard per rank (torch.distributed.checkpoint), the link to it atomic
+    assert first.is_symlink() and sorted(p.name for p in first.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     # a sharded checkpoint needs the sharded strategy: refused in one line before any run is touched
     with pytest.raises(CheckpointError, match=r"is sharded \(trainer.strategy=fsdp\): resume it with trainer=fsdp"):
-        train_here(tmp_path, [*one_process(tmp_path, shakespeare_path), f"resume={first}"])
+        train_here(tmp_path, [*one_process(tmp_path, shakespeare_path, *LLAMA), f"resume={first}"])
     with pytest.raises(Exception):
         segment(1, "b", f"resume={first}", callbacks=[KillAt(12)])
     with pytest.raises(Exception):  # resume=auto finds this config's link to its step-10 folder
@@ -122,11 +105,14 @@ def test_sharded_resume_across_world_sizes_is_one_exact_run(tmp_path, shakespear
     cl = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = cl.search_runs([cl.get_experiment_by_name("ablations").experiment_id])
     assert run.info.run_id == res["run_id"] and run.info.status == "FINISHED"
-    assert run.data.tags["resumed_from_step"] == "15"
+    assert run.data.tags["resumed_from_step"] == "15" and run.data.tags["world_size"] == "2"
     got = losses(tmp_path, res["run_id"])
     assert sorted(got) == list(range(1, STEPS + 1))
-    assert_same_trajectory(got, reference["default"][0], range(1, STEPS + 1))
-    assert_same_trajectory(losses(tmp_path, res["run_id"], "val/loss"), reference["default"][1], (10, 20))
+    want_train, want_val = reference
+    assert_same_trajectory(got, want_train, range(1, STEPS + 1))
+    assert_same_trajectory(losses(tmp_path, res["run_id"], "val/loss"), want_val, (10, 20))
+    # the run's final weights are the gathered full model: its final checkpoint's val loss is the run's last one
+    assert res["val_loss"] == pytest.approx(want_val[20], rel=REL)
 
 
 def _variant_worker(rank: int, world: int, port: int, configs: list, out: str) -> None:

@@ -121,16 +121,23 @@ def test_single_run_artifacts_and_final_checkpoint(single):
 
 
 @pytest.mark.slow
-def test_generate_cli(single):
+def test_generate_cli(single, monkeypatch, capsys):
+    """`python -m ablations.generate`'s main, in this process (a second interpreter would only import torch again;
+    its --help and entry: tests/test_cli.py)."""
+    from ablations.errors import TokenizerError
+    from ablations.generate import load_run, main
+
     cwd, _ = single
     c, (run,) = runs_of(cwd)
     uri = f"tracking.uri=sqlite:///{cwd}/mlflow.db"
-    r = run_cli(cwd, [f"run_id={run.info.run_id}", "prompt=ROMEO:", "max_new_tokens=40", "temperature=0.7",
-                      "top_k=10", "top_p=0.9", uri], module="ablations.generate")
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.startswith("ROMEO:") and len(r.stdout.strip()) >= 40  # crosses block_size=32
-    from ablations.errors import TokenizerError
-    from ablations.generate import load_run
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    code = main([f"run_id={run.info.run_id}", "prompt=ROMEO:", "max_new_tokens=40", "temperature=0.7", "top_k=10",
+                 "top_p=0.9", uri])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
+    assert out.out.startswith("ROMEO:") and len(out.out.strip()) >= 40  # crosses block_size=32
 
     with pytest.raises(TokenizerError, match="tokenizer=byte does not match the checkpoint's tokenizer 'char'"):
         load_run(run.info.run_id, f"sqlite:///{cwd}/mlflow.db", "byte")

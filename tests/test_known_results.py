@@ -13,13 +13,12 @@ The runs declare a paired test (verdict.paired): the paired Δ and the correlati
 """
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from commands_testing import run_main
 from scipy import stats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,8 +106,7 @@ def built(tmp_path_factory):
     uri = f"sqlite:///{tmp}/mlflow.db"
     make_store(uri)
     out = tmp / "report"
-    r = subprocess.run([sys.executable, "-m", "analysis.report", "known-results", EXPERIMENT, f"tracking_uri={uri}",
-                        f"out={out}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    r = run_main("analysis.report", ["known-results", EXPERIMENT, f"tracking_uri={uri}", f"out={out}"])
     assert r.returncode == 0, r.stderr[-3000:]
     rows = pd.read_csv(out / "known_results.csv", keep_default_na=False).set_index("finding")
     return out, rows

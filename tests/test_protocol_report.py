@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from commands_testing import run_main
 from scipy import stats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,8 +126,7 @@ def built(tmp_path_factory):
     uri = f"sqlite:///{tmp}/mlflow.db"
     make_store(uri)
     out = tmp / "report"
-    cmd = [sys.executable, "-m", "analysis.report", EXPERIMENT, f"tracking_uri={uri}", f"out={out}"]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    r = run_main("analysis.report", [EXPERIMENT, f"tracking_uri={uri}", f"out={out}"])  # across processes: test_rerun_...
     assert r.returncode == 0, r.stderr[-3000:]
     table = pd.read_csv(out / "verdicts.csv")
     return tmp, uri, out, r, table
