@@ -57,6 +57,23 @@ def compose_run(overrides: Sequence[str]) -> DictConfig:
 # ------------------------------------------------------------------------------- one line for a bad command line
 
 
+def model_config(cfg: DictConfig, vocab_stand_in: int | None = None):
+    """cfg.model resolved into a checked modules.config.GPTConfig; a bad field is a ConfigError naming it.
+    `vocab_stand_in`: the vocabulary size to check with while tokenizer.vocab_size is not known yet (the tokenizer
+    fills it in as the data loads), so `python -m ablations.run` refuses a bad model.* before importing Lightning."""
+    from modules.config import GPTConfig
+
+    from .errors import ConfigError
+
+    d = OmegaConf.to_container(cfg.model, resolve=True)
+    if d.get("vocab_size") is None and vocab_stand_in is not None:
+        d["vocab_size"] = vocab_stand_in
+    try:
+        return GPTConfig.from_dict(d)
+    except ValueError as e:  # ConfigError (a ValueError): names the field, its value and what would be valid
+        raise ConfigError(f"model: {e}") from None
+
+
 def check_argv(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     """The first of the three checks below that fails, as one line (None: Hydra may take the command line)."""
     return check_group_overrides(argv, conf_dir) or check_config_dir(argv, conf_dir) or \

@@ -12,7 +12,7 @@ import warnings
 import hydra
 from omegaconf import DictConfig
 
-from ablations.compose import VERSION_BASE, check_argv
+from ablations.compose import VERSION_BASE, check_argv, model_config
 
 os.environ.setdefault("HYDRA_FULL_ERROR", "0")
 # conf/hydra/launcher/submitit_*.yaml replace the plugin's defaults under the same names (every key given): Hydra
@@ -40,10 +40,12 @@ def _ui_hint(uri: str) -> str:
 def main(cfg: DictConfig) -> float | None:
     from .errors import AblationsError, exit_code
     from .tracking import tracking_uri
-    from .train import train
 
     logging.getLogger("ablations").setLevel(logging.INFO)
     try:
+        model_config(cfg, vocab_stand_in=1)  # a bad model.* in ~2 s of CPU, before Lightning's ~8 s of imports
+        from .train import train
+
         r = train(cfg)
     except AblationsError as e:
         # one clear line; the MLflow run (if any) is already marked FAILED

@@ -27,6 +27,7 @@ from . import tracking as trk
 from .budget import budget_flops, budget_tokens, steps_for_budget, steps_for_tokens, tokens_per_step
 from .checkpoints import (AtomicCheckpoint, check_compatible, final_checkpoint, load_final_checkpoint, load_resumable,  # noqa: F401
                           locate_auto, resumed_line, save_atomic)
+from .compose import model_config
 from .data import TokenData, TokenDataModule, check_windows, prepare_data
 from .errors import (AblationsError, CheckpointError, ConfigError, DataError, DivergenceError, TokenizerError,
                      TrackingError, one_line)
@@ -237,12 +238,12 @@ def load_data(cfg: DictConfig, shape: StepShape) -> TokenData:
 def build_model(cfg: DictConfig) -> GPT:
     """The GPT of `cfg.model`, validated by modules.config, initialised
     from the seed alone (see ablations.repro); the optimizer config is checked against its parameter roles."""
-    from modules.config import GPTConfig
     from modules.gpt import GPT
 
+    config = model_config(cfg)
     seed_all(int(cfg.seed))
     try:
-        model = GPT(GPTConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True)))
+        model = GPT(config)
     except ValueError as e:  # ConfigError (a ValueError): names the field, its value and what would be valid
         raise ConfigError(f"model: {e}") from None
     run_params(model, cfg.optim)  # the optimizer config checked against the model's roles, before any run
