@@ -30,12 +30,14 @@ def tiny_args(shakespeare_path, **extra):
 
 
 def run_cli(cwd: Path, args, env_extra=None, module="ablations.run", timeout=300):
+    """`python -m module args` in `cwd` (its token cache beside it, this checkout first on the path) -> the
+    CompletedProcess; module=None: `python args` (e.g. `-c CODE ...`)."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update({"ABLATIONS_CACHE_DIR": str(cwd.parent / "token-cache"), "HYDRA_FULL_ERROR": "0",
                 "PYTHONPATH": str(REPO)}, **(env_extra or {}))
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, *(["-m", module] if module else []), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def store(cwd: Path):

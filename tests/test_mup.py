@@ -430,13 +430,21 @@ def test_bad_parametrization_is_one_line(kwargs, match):
 
 @pytest.mark.slow
 def test_bad_parametrization_on_the_command_line(tmp_path):
+    """`python -m ablations.run model.parametrization=foo`: one line, exit 2, and refused before Lightning is
+    imported (a bad model.* answers in ~2 s of CPU, not after ~8 s of imports): the module is run as __main__, as
+    -m runs it, and the process says at exit whether Lightning was loaded."""
     from test_harness_run import run_cli
 
-    r = run_cli(tmp_path / "bad", ["model=tiny", "model.parametrization=foo",
-                                   f"tracking.uri=sqlite:///{tmp_path}/bad/mlflow.db"])
-    assert r.returncode != 0
+    said = tmp_path / "lightning-loaded"
+    run_as_main = ("import runpy, sys\n"
+                   "try:\n    runpy.run_module('ablations.run', run_name='__main__', alter_sys=True)\n"
+                   f"finally:\n    open({str(said)!r}, 'w').write(str('lightning' in sys.modules))\n")
+    r = run_cli(tmp_path / "bad", ["-c", run_as_main, "model=tiny", "model.parametrization=foo",
+                                   f"tracking.uri=sqlite:///{tmp_path}/bad/mlflow.db"], module=None)
+    assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "parametrization='foo'" in lines[0] and "sp, mup" in lines[0], r.stderr
+    assert said.read_text() == "False"
 
 
 def test_export_refuses_mup():
