@@ -195,7 +195,8 @@ class Command:
 
     def fail(self, error: Exception) -> int:
         """The analysis commands' one error line, `<module>: error: ...` (their historical form; the others print
-        `error: <module>: ...` through `read`), the message's own leading `<module>: ` not repeated; -> exit status 2."""
+        `error: <module>: ...` through `read`), the message's own leading `<module>: ` not repeated; -> exit
+        status 2."""
         print(f"{self.module}: error: {str(error).removeprefix(self.module + ': ')}", file=sys.stderr)
         return 2
 

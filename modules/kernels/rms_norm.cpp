@@ -2,8 +2,8 @@
 // node. Built on first use by modules/kernels/rms_norm.py (torch.utils.cpp_extension.load), which says how and
 // falls back to PyTorch ops where it cannot be built; the math is in that file's docstring.
 // Only the headers it uses, and the ops registered with the dispatcher (TORCH_LIBRARY) instead of a pybind11
-// module: <torch/extension.h> (all of libtorch's C++ API and pybind11) doubled the first-use build (44 s -> 21 s of
-// CPU here, once per machine).
+// module: with <torch/extension.h> (all of libtorch's C++ API and pybind11) the first-use build took 44 s of CPU
+// here, with these 21 s (once per machine).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -67,7 +67,7 @@ std::vector<at::Tensor> rms_forward(const at::Tensor& x, const at::Tensor& w, do
 // dy, x (rows, d), rstd (rows,), w (d,) -> dx (rows, d), dw (d,) (undefined unless need_dw). dw is summed per thread
 // into its own row of `partial`, then over the threads: no two threads write one address.
 std::vector<at::Tensor> rms_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& rstd,
-                                        const at::Tensor& w, bool need_dw) {
+                                     const at::Tensor& w, bool need_dw) {
   const int64_t rows = x.size(0), d = x.size(1);
   auto dx = at::empty_like(x);
   auto partial = at::zeros({need_dw ? at::get_num_threads() : 0, d}, x.options());
@@ -87,7 +87,7 @@ std::vector<at::Tensor> rms_backward(const at::Tensor& dy, const at::Tensor& x, 
 // The autograd node in C++ (as LayerNorm's is): no Python runs per call, forward or backward.
 struct RMSNormFn : public torch::autograd::Function<RMSNormFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
-                               double eps) {
+                            double eps) {
     const auto x2 = x.reshape({-1, x.size(-1)}).contiguous();  // (rows, d)
     auto out = rms_forward(x2, w.contiguous(), eps);
     ctx->save_for_backward({x2, out[1], w});
