@@ -1,13 +1,11 @@
 """python -m ablations.paired: the paired ratio and its interval against hand-computed values, a real run on the
 tiny model (interleaved rounds, JSON; its main in this process), the JSON shown by python -m analysis.report
 --paired, and bad input."""
-import contextlib
-import io
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
+from commands_testing import run_main
 
 from ablations.bench.timing import ratio_summary
 from ablations.paired import main, parse_arm
@@ -165,14 +163,12 @@ def measured(tmp_path_factory):
     # rms also sets threads=1, as an experiment config may: the process's own count (threads=1), so honoured
     argv = ["model=tiny", "steps=2", "rounds=3", "threads=1", f"json={out}", "base=",
             "rms=norm=rmsnorm threads=1", "gqa=attention=gqa attention.n_kv_head=1", "comp=compile=true"]
-    stdout, stderr, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    threads = torch.get_num_threads()
     try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            code = main(argv)
+        r = run_main("ablations.paired", argv)
     finally:
         torch.set_num_threads(threads)
         torch._dynamo.reset()
-    r = SimpleNamespace(returncode=code, stdout=stdout.getvalue(), stderr=stderr.getvalue())
     assert r.returncode == 0, r.stderr[-3000:]
     return out, json.loads(out.read_text()), r
 

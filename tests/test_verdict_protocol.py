@@ -5,15 +5,14 @@ The protocols run through `sweeps.verdict.main` in this process (`verdict_here`:
 and environment a `python -m sweeps.verdict` subprocess would get), so no second interpreter imports torch,
 Lightning and MLflow again; the command line itself (its exit code, its one-line error) is run as a real process
 once (test_bad_protocol_from_the_command_line), and verdict.workers=2 starts real worker processes."""
-import contextlib
-import io
 import math
 import os
+import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import optuna
 import pytest
+from commands_testing import run_main
 
 from test_harness_run import run_cli, tiny_args
 
@@ -45,21 +44,17 @@ def _runs(cwd):
     return c, ([] if exp is None else c.search_runs([exp.experiment_id], max_results=1000))
 
 
-def verdict_here(cwd: Path, args: list[str]) -> SimpleNamespace:
-    """`python -m sweeps.verdict args` as sweeps.verdict.main(args) in this process: in `cwd`, with run_cli's token
-    cache beside it and its environment (no $MLFLOW_TRACKING_URI; worker processes find this checkout) ->
-    namespace(returncode, stdout, stderr), like the CompletedProcess of run_cli."""
-    from sweeps.verdict import main
-
+def verdict_here(cwd: Path, args: list[str]) -> subprocess.CompletedProcess:
+    """`python -m sweeps.verdict args` as sweeps.verdict.main(args) in this process (`run_main`): in `cwd`, with
+    run_cli's token cache beside it and its environment (no $MLFLOW_TRACKING_URI; worker processes find this
+    checkout) -> returncode, stdout, stderr, like the CompletedProcess of run_cli."""
     cwd.mkdir(parents=True, exist_ok=True)
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         mp.setenv("ABLATIONS_CACHE_DIR", str(cwd.parent / "token-cache"))
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         mp.chdir(cwd)
-        code = main(list(args))
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+        return run_main("sweeps.verdict", args)
 
 
 @pytest.fixture(scope="module")
@@ -209,8 +204,6 @@ def test_protocol_on_postgresql_storage(tmp_path, shakespeare_path, pg_url):
 
 # ---------------------------------------------------------------------------------------------- one clean commit
 def _git(cwd, *args):
-    import subprocess
-
     subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True,
                    env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
                         "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
@@ -253,8 +246,6 @@ def test_the_default_protocol_trains_the_pilots_recipe_and_searches_lr_per_arm()
 
 
 def test_guard_refuses_a_dirty_tree_and_other_commits(tmp_path):
-    import subprocess
-
     from sweeps.verdict import VerdictError, check_commit, git_tree
 
     repo = _one_commit(tmp_path / "repo", "sweeps/x.py", "a = 1\n")
