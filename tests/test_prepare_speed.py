@@ -97,7 +97,8 @@ def test_streamed_parquet_prepare_imports_neither_datasets_nor_torch_and_counts_
     total, startup = map(float, re.search(r"\| ([0-9.]+) s end to end, ([0-9.]+) s \(\d+%\) of it start-up", last)
                          .groups())
     passed = float(re.search(r"shards \| ([0-9.]+) s", lines[-3]).group(1))  # the "prepared:" line: the pass alone
-    assert passed >= 0.8 and startup >= 3.0 and total >= startup + passed - 0.1, last  # printed to 0.1 s
+    # three figures each printed to 0.1 s: up to 0.15 s of rounding between them (CI saw 4.6 against 3.7 + 1.0)
+    assert passed >= 0.8 and startup >= 3.0 and total >= startup + passed - 0.16, last
     # from launch, not from an import 3 s later; the slack grows with the load (interpreter start-up before its clock)
     assert wall - max(1.0, 0.25 * wall) <= total <= wall + 0.1, (wall, last)
     again, _ = run_prepare(["data=hf", f"data.path={tmp_path / 'c'}", "data.streaming=true", "tokenizer=byte",
