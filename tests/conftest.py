@@ -1,4 +1,5 @@
 """Shared test set-up: offline data and tokenizer files from ../shared, tiny and deterministic."""
+import gc
 import os
 from pathlib import Path
 
@@ -21,6 +22,22 @@ os.environ.setdefault("HYDRA_FULL_ERROR", "0")
 # slowest thread, so a second busy process on CI's two cores (a worker, a server, another test's subprocess) made
 # tiny trainings several times slower. Tests about thread counts set their own.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+_frozen_at_module = [None]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """At each test file's first test: collect, then freeze what survives (the imported libraries, the session's
+    fixtures) into the permanent generation. A full collection walks every tracked object: ~1 s in a worker that has
+    imported torch, Lightning, MLflow, transformers and the test modules, paid by every gc.collect() of the code
+    under test (a sweep frees memory after each trial) and by Python's own full collections. The previous file's
+    module fixtures are torn down by now, so their garbage is collected before the freeze, not kept."""
+    if item.module is not _frozen_at_module[0]:
+        _frozen_at_module[0] = item.module
+        gc.collect()
+        gc.freeze()
 
 
 @pytest.fixture(scope="session")
@@ -111,10 +128,10 @@ def multirun(tmp_path_factory, shakespeare_path):
     report section (tests/test_context_length.py).
 
     -> namespace(cwd, uri, client, runs: {position: run id}, cache_dir, result: the CompletedProcess)."""
-    import subprocess
     import sys
     from types import SimpleNamespace
 
+    import warm_python
     from mlflow import MlflowClient
 
     cwd = tmp_path_factory.mktemp("multirun") / "job"
@@ -127,8 +144,8 @@ def multirun(tmp_path_factory, shakespeare_path):
             "tokenizer=char", "data.batch_size=4", "data.val_windows=4", "trainer.max_steps=3",
             "trainer.val_check_interval=3", "trainer.enable_progress_bar=false", "generate.max_new_tokens=4",
             "generate.bench_decode_tokens=2", "generate.bench_prefill_tokens=8", "threads=1", f"tracking.uri={uri}"]
-    r = subprocess.run([sys.executable, "-m", "ablations.run", *args], cwd=cwd, env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = warm_python.run([sys.executable, "-m", "ablations.run", *args], cwd=cwd, env=env, capture_output=True,
+                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     cl = MlflowClient(uri)
     found = cl.search_runs([cl.get_experiment_by_name("ablations").experiment_id])

@@ -12,6 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+import warm_python
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -65,8 +67,8 @@ def worker_env(cache_dir: Path) -> dict[str, str]:
 
 def start_worker(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
     f = open(log, "w")
-    return subprocess.Popen([sys.executable, "-m", "sweeps.run", *args], cwd=cwd, env=env, stdout=f,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return warm_python.popen([sys.executable, "-m", "sweeps.run", *args], cwd=cwd, env=env, stdout=f,
+                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def free_port() -> int:

@@ -11,7 +11,6 @@ analysis/ only.
 import shutil
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def _train(work: Path, uri: str, shakespeare_path: Path) -> None:
            "generate.max_new_tokens=8", "generate.bench_decode_tokens=8", "generate.bench_prefill_tokens=16",
            f"tracking.uri={uri}", f"tracking.experiment={EXPERIMENT}"]
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    proc = warm_python.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"training failed ({time.time() - t0:.0f}s):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
 
@@ -206,7 +206,7 @@ def test_failed_and_running_runs_are_left_out(trained_store, real_report):
 
 def test_report_is_deterministic(trained_store, real_report, tmp_path):
     uri, _ = trained_store
-    proc = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, "--tracking-uri", uri,
+    proc = warm_python.run([sys.executable, "-m", "analysis.report", EXPERIMENT, "--tracking-uri", uri,
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

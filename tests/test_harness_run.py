@@ -1,11 +1,11 @@
 """End-to-end: run the real `python -m ablations.run` on the tiny preset and read the MLflow store back."""
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,8 +36,8 @@ def run_cli(cwd: Path, args, env_extra=None, module="ablations.run", timeout=300
     env.update({"ABLATIONS_CACHE_DIR": str(cwd.parent / "token-cache"), "HYDRA_FULL_ERROR": "0",
                 "PYTHONPATH": str(REPO)}, **(env_extra or {}))
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, *(["-m", module] if module else []), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return warm_python.run([sys.executable, *(["-m", module] if module else []), *args], cwd=cwd, env=env,
+                           capture_output=True, text=True, timeout=timeout)
 
 
 def store(cwd: Path):

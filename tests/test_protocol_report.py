@@ -11,7 +11,6 @@ values far above the seeds' (a leak into the statistics moves every mean and see
 one finished run without protocol tags.
 """
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pandas as pd
 import pytest
 from commands_testing import run_main
 from scipy import stats
+import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "synth-proto"
@@ -342,7 +342,7 @@ def test_rerun_is_byte_identical(built):
     (out2 / "figures").mkdir(parents=True)
     for p in stale + mine:
         p.write_text(f"{p.name}: written before the rebuild\n")
-    r = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, f"tracking_uri={uri}", f"out={out2}"],
+    r = warm_python.run([sys.executable, "-m", "analysis.report", EXPERIMENT, f"tracking_uri={uri}", f"out={out2}"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert not any(p.exists() for p in stale)

@@ -15,7 +15,6 @@ each arm in its own family, so each comparison is tested at the full alpha (r = 
 - `short` (5 seeds): p 0.86 at 3 seeds, then the store has too few for look 2: open, short of the cap.
 The margin (0.005) is below every |Δ| shown, so no TOST crosses.
 """
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
+import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "synth-seq"
@@ -76,7 +76,7 @@ def built(tmp_path_factory):
     uri = f"sqlite:///{tmp}/mlflow.db"
     make_store(uri)
     out = tmp / "report"
-    r = subprocess.run([sys.executable, "-m", "analysis.report", EXPERIMENT, f"tracking_uri={uri}", f"out={out}"],
+    r = warm_python.run([sys.executable, "-m", "analysis.report", EXPERIMENT, f"tracking_uri={uri}", f"out={out}"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return pd.read_csv(out / "verdicts.csv", keep_default_na=False), (out / "index.md").read_text()

@@ -5,7 +5,6 @@ workers on tiny trials must use exactly the study's budget, each trial once, non
 in time (two processes really ran them), every run trained with the one thread of its own core.
 """
 import os
-import subprocess
 import sys
 
 import optuna
@@ -14,6 +13,7 @@ import pytest
 from sweeps.errors import SweepError
 from sweeps.workers import parse_workers, visible_devices, worker_plan
 from sweeps_testing import REPO, tiny_overrides, worker_env
+import warm_python
 
 
 def test_one_worker_per_gpu_with_auto():
@@ -68,7 +68,7 @@ def test_two_cpu_workers_share_one_study(tmp_path, shakespeare_path):
             "sweep.pruner.name=none", "sweep.heartbeat_interval=2", "sweep.grace_period=30",
             f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.system_metrics=false",
             *tiny_overrides(shakespeare_path, max_steps=10, val_every=5)]
-    proc = subprocess.run([sys.executable, "-m", "sweeps.run", *args], cwd=tmp_path, env=env, capture_output=True,
+    proc = warm_python.run([sys.executable, "-m", "sweeps.run", *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 local workers" in proc.stdout and "exit codes [0, 0]" in proc.stdout

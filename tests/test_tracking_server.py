@@ -31,6 +31,7 @@ from optuna.trial import TrialState
 
 from sweeps.storage import normalize_url
 from sweeps_testing import ci, fresh_database, wait_for, worker_env
+import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -123,8 +124,8 @@ def cli(module: str, args: list[str], cwd: Path, env: dict) -> subprocess.Popen:
     """`python -m module args` in `cwd` (its own process group), output to `cwd`/out.log."""
     cwd.mkdir(parents=True, exist_ok=True)
     with open(cwd / "out.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = warm_python.popen([sys.executable, "-m", module, *args], cwd=cwd, env=env, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
     proc.log = cwd / "out.log"
     return proc
 
