@@ -11,6 +11,7 @@ import warm_python
 PROBE = textwrap.dedent("""
     import atexit, json, os, sys
     atexit.register(lambda: print("atexit ran", flush=True))
+    print(os.getppid(), file=sys.stderr)
     print(json.dumps({"argv": sys.argv[1:], "argv0": os.path.basename(sys.argv[0]), "path0": sys.path[0],
                       "cwd": os.getcwd(), "env": os.environ.get("PROBE_VALUE"), "main": __name__,
                       "spec": getattr(__spec__, "name", None), "pp": os.environ.get("PYTHONPATH") in sys.path}))
@@ -23,9 +24,15 @@ PROBE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
+    """A module to run, and a server of this module's own: the process's server may have been started by another
+    test with other interpreter-level variables, and then these commands would run cold."""
     d = tmp_path_factory.mktemp("warm")
     (d / "probe_mod.py").write_text(PROBE)
-    return d
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(warm_python, "_servers", {})
+        yield d
+        for server in warm_python._servers.values():
+            server.close()
 
 
 @pytest.mark.parametrize("args", [["3"], ["a", "b c"], ["raise"]])
@@ -40,7 +47,8 @@ def test_a_warm_child_is_what_a_cold_one_is(probe, tmp_path, args, form):
     warm = warm_python.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     assert isinstance(warm, subprocess.CompletedProcess)
     assert (warm.returncode, warm.stdout) == (cold.returncode, cold.stdout)
-    assert warm.stderr.splitlines()[0] == cold.stderr.splitlines()[0] == "to stderr"
+    assert int(cold.stderr.split()[0]) == os.getpid() != int(warm.stderr.split()[0])  # warm: the server's child
+    assert warm.stderr.splitlines()[1] == cold.stderr.splitlines()[1] == "to stderr"
     assert warm.stderr.splitlines()[-1] == cold.stderr.splitlines()[-1]  # ValueError: planted, for "raise"
 
 
@@ -61,9 +69,10 @@ def test_signals_sessions_and_a_forked_parent(probe, tmp_path):
     p.stdout.close()
 
 
-def test_what_cannot_be_forked_starts_cold(monkeypatch):
+def test_what_cannot_be_forked_starts_cold(probe, monkeypatch):
     """`-c`, interpreter options, another interpreter-level variable (read at start-up or by the server's imports)
     and ABLATIONS_TEST_COLD get a real subprocess.Popen."""
+    warm_python.run([sys.executable, "-m", "json.tool", "--help"], stdout=subprocess.DEVNULL)  # the server is up
     cold = [[sys.executable, "-c", "pass"], [sys.executable, "-X", "importtime", "-c", "pass"]]
     procs = [(warm_python.popen(cmd, stderr=subprocess.DEVNULL), None) for cmd in cold]
     procs.append((warm_python.popen([sys.executable, "-m", "json.tool", "--help"], stdout=subprocess.DEVNULL,

@@ -79,10 +79,15 @@ class _Server:
 
 def _server_for(env: dict) -> _Server | None:
     """This process's server, started on first use with `env`'s interpreter-level variables; None when `env`'s
-    differ from those (the command starts cold)."""
+    differ from those (the command starts cold; with $ABLATIONS_TEST_WARM_LOG set, the variables that differ are
+    appended to that file)."""
     key = _interpreter_env(env)
     if not _servers:
         _servers[key] = _Server(env)
+    if key not in _servers and os.environ.get("ABLATIONS_TEST_WARM_LOG"):
+        (have,) = _servers
+        with open(os.environ["ABLATIONS_TEST_WARM_LOG"], "a") as f:
+            print(os.environ.get("PYTEST_CURRENT_TEST"), sorted(set(key) ^ set(have)), file=f)
     return _servers.get(key)
 
 
