@@ -11,7 +11,7 @@ handlers run: MLflow ends its runs). The caller gets a Popen-like handle: pid (s
 for any child), poll/wait/communicate, the exit code (-N for signal N).
 
 What a forked child cannot reproduce, and so is started cold: interpreter options, and an environment whose
-interpreter-level variables (PYTHON*, OMP_*, MKL_*, TORCH*, MALLOC_*, ...) differ from the server's, since those
+interpreter-level variables (PYTHON*, OMP_*, MKL_*, TORCH*, MALLOC_*, HF_*, ...) differ from the server's, since those
 are read once at start-up or import. None of this project's modules are imported by the server: a command still
 imports the code under test itself, and a test that checks what a command imports (or how fast it starts) calls
 `subprocess` directly. `ABLATIONS_TEST_COLD=1` starts every command cold.
@@ -35,7 +35,8 @@ import time
 PRELOAD = ("torch", "lightning.pytorch", "mlflow", "mlflow.tracking", "sqlalchemy", "optuna", "hydra", "omegaconf",
            "pandas", "matplotlib")
 # read once per interpreter (at start-up or by an import the server made): a request must match the server on these
-_INTERPRETER_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "PYTORCH", "MALLOC_", "LD_", "MPL",
+# (not KMP_*: a library sets KMP_DUPLICATE_LIB_OK in the test process; it matters only to Intel's OpenMP runtime)
+_INTERPRETER_ENV = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH", "MALLOC_", "LD_", "MPL",
                     "CUDA", "TRITON", "HF_", "TRANSFORMERS", "TOKENIZERS")
 _CHILD_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED")  # applied by the child itself
 _servers: dict[tuple, "_Server"] = {}
