@@ -207,8 +207,8 @@ def test_failed_and_running_runs_are_left_out(trained_store, real_report):
 def test_report_is_deterministic(trained_store, real_report, tmp_path):
     uri, _ = trained_store
     proc = warm_python.run([sys.executable, "-m", "analysis.report", EXPERIMENT, "--tracking-uri", uri,
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path)
+                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "4 runs of 2 variants, 2 left out" in proc.stdout
     files = sorted(p.relative_to(real_report) for p in real_report.rglob("*") if p.is_file())

@@ -343,7 +343,7 @@ def test_rerun_is_byte_identical(built):
     for p in stale + mine:
         p.write_text(f"{p.name}: written before the rebuild\n")
     r = warm_python.run([sys.executable, "-m", "analysis.report", EXPERIMENT, f"tracking_uri={uri}", f"out={out2}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=600)
+                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert not any(p.exists() for p in stale)
     assert all(p.read_text() == f"{p.name}: written before the rebuild\n" for p in mine)

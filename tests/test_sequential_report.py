@@ -77,7 +77,7 @@ def built(tmp_path_factory):
     make_store(uri)
     out = tmp / "report"
     r = warm_python.run([sys.executable, "-m", "analysis.report", EXPERIMENT, f"tracking_uri={uri}", f"out={out}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=600)
+                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return pd.read_csv(out / "verdicts.csv", keep_default_na=False), (out / "index.md").read_text()
 

@@ -69,7 +69,7 @@ def test_two_cpu_workers_share_one_study(tmp_path, shakespeare_path):
             f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.system_metrics=false",
             *tiny_overrides(shakespeare_path, max_steps=10, val_every=5)]
     proc = warm_python.run([sys.executable, "-m", "sweeps.run", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 local workers" in proc.stdout and "exit codes [0, 0]" in proc.stdout
     trials = optuna.load_study(study_name="lr", storage=f"sqlite:///{tmp_path}/optuna.db").get_trials()

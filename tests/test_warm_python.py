@@ -29,10 +29,10 @@ def probe(tmp_path_factory):
     d = tmp_path_factory.mktemp("warm")
     (d / "probe_mod.py").write_text(PROBE)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(warm_python, "_servers", {})
+        mp.setattr(warm_python, "_server", None)
         yield d
-        for server in warm_python._servers.values():
-            server.close()
+        if warm_python._server is not None:
+            warm_python._server.close()
 
 
 @pytest.mark.parametrize("args", [["3"], ["a", "b c"], ["raise"]])

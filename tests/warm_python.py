@@ -23,6 +23,7 @@ import io
 import json
 import locale
 import os
+import select
 import selectors
 import signal
 import socket
@@ -39,16 +40,20 @@ PRELOAD = ("torch", "lightning.pytorch", "mlflow", "mlflow.tracking", "sqlalchem
 _INTERPRETER_ENV = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH", "MALLOC_", "LD_", "MPL",
                     "CUDA", "TRITON", "HF_", "TRANSFORMERS", "TOKENIZERS")
 _CHILD_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED")  # applied by the child itself
-_servers: dict[tuple, "_Server"] = {}
+# set by torch itself in the test process (inductor's cache default, the CUDA check) and read when used, not at import
+_SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR", "PYTORCH_NVML_BASED_CUDA_CHECK")
+_server: "_Server | None" = None  # this process's, started by its first warm command
 
 
 def _interpreter_env(env: dict) -> tuple:
-    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(_INTERPRETER_ENV) and k not in _CHILD_ENV))
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(_INTERPRETER_ENV)
+                        and k not in _CHILD_ENV + _SET_BY_TORCH))
 
 
 # ------------------------------------------------------------------------------------------------------ client
 class _Server:
     def __init__(self, env: dict):
+        self.key = _interpreter_env(env)
         self.dir = tempfile.mkdtemp(prefix="warm-python-")
         self.path = os.path.join(self.dir, "sock")
         env = {k: v for k, v in env.items() if k not in _CHILD_ENV}
@@ -82,14 +87,16 @@ def _server_for(env: dict) -> _Server | None:
     """This process's server, started on first use with `env`'s interpreter-level variables; None when `env`'s
     differ from those (the command starts cold; with $ABLATIONS_TEST_WARM_LOG set, the variables that differ are
     appended to that file)."""
+    global _server
+    if _server is None:
+        _server = _Server(env)
     key = _interpreter_env(env)
-    if not _servers:
-        _servers[key] = _Server(env)
-    if key not in _servers and os.environ.get("ABLATIONS_TEST_WARM_LOG"):
-        (have,) = _servers
+    if key == _server.key:
+        return _server
+    if os.environ.get("ABLATIONS_TEST_WARM_LOG"):
         with open(os.environ["ABLATIONS_TEST_WARM_LOG"], "a") as f:
-            print(os.environ.get("PYTEST_CURRENT_TEST"), sorted(set(key) ^ set(have)), file=f)
-    return _servers.get(key)
+            print(os.environ.get("PYTEST_CURRENT_TEST"), sorted(set(key) ^ set(_server.key)), file=f)
+    return None
 
 
 def _program(args) -> tuple[str, str] | None:
@@ -117,7 +124,7 @@ def _fd(stream, default: int, opened: list) -> int:
 class WarmProcess:
     """The subprocess.Popen subset the tests use, for a child forked by the server."""
 
-    def __init__(self, args, program, cwd, env, stdin, stdout, stderr, start_new_session, text):
+    def __init__(self, server, args, program, cwd, env, stdin, stdout, stderr, start_new_session, text):
         self.args, self.returncode, self.stdout, self.stderr, self.stdin = list(args), None, None, None, None
         self._text = text
         opened, mine = [], {}
@@ -136,7 +143,7 @@ class WarmProcess:
             job = {"program": program, "argv": [os.fspath(a) for a in args[(3 if program[0] == "module" else 2):]],
                    "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(), "env": dict(env),
                    "session": bool(start_new_session)}
-            self._conn = _servers[_interpreter_env(env)].connect()
+            self._conn = server.connect()
             body = json.dumps(job).encode()
             socket.send_fds(self._conn, [struct.pack("!I", len(body)) + body], fds)
             self.pid = struct.unpack("!i", _recv_exact(self._conn, 4))[0]
@@ -236,19 +243,19 @@ def popen(args, *, cwd=None, env=None, stdin=None, stdout=None, stderr=None, sta
     """subprocess.Popen(args, ...), forked warm when the command allows it (module docstring)."""
     env = dict(os.environ if env is None else env)
     program = _program(args)
-    if program is None or kwargs or os.environ.get("ABLATIONS_TEST_COLD") or _server_for(env) is None:
+    server = None if program is None or kwargs or os.environ.get("ABLATIONS_TEST_COLD") else _server_for(env)
+    if server is None:
         return subprocess.Popen(args, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
                                 start_new_session=start_new_session, text=text, **kwargs)
-    return WarmProcess(args, program, cwd, env, stdin, stdout, stderr, start_new_session, text)
+    return WarmProcess(server, args, program, cwd, env, stdin, stdout, stderr, start_new_session, text)
 
 
-def run(args, *, cwd=None, env=None, capture_output=False, text=False, timeout=None, check=False, stdout=None,
-        stderr=None, **kwargs) -> subprocess.CompletedProcess:
+def run(args, *, cwd=None, env=None, capture_output=False, text=False, timeout=None, check=False, stdin=None,
+        stdout=None, stderr=None, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run(args, ...), forked warm when the command allows it (module docstring)."""
     if capture_output:
         stdout = stderr = subprocess.PIPE
-    with popen(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text, stdin=subprocess.DEVNULL,
-               **kwargs) as p:
+    with popen(args, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr, text=text, **kwargs) as p:
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -278,7 +285,7 @@ def _serve(path: str, parent: int):
     while True:
         if os.getppid() != parent and not waiting:
             sys.exit(0)
-        ready, _, _ = __import__("select").select([listener], [], [], 0.05)
+        ready, _, _ = select.select([listener], [], [], 0.05)
         if ready:
             conn, _ = listener.accept()
             msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
