@@ -114,6 +114,26 @@ def check_commit(root: Path, allow_dirty: bool, earlier: Mapping[str, int]) -> s
     return head
 
 
+def check_precision(here: tuple[str, str], earlier: Mapping[str, int]) -> str:
+    """The precision every run of the protocol trains in: `here` (precision, why) is what this machine resolves the
+    protocol's config to (`trainer.precision=auto`: bf16-mixed where bf16 is native, else 32-true). Refuses
+    (VerdictError) to add runs in another precision than the runs already made (`earlier`: precision -> runs), and
+    a store whose runs already mix two: a comparison whose seeds trained in two precisions folds a numerics change
+    into Δ, and the report could not tell it from the arm's."""
+    precision, why = here
+    if len(earlier) > 1:
+        counts = ", ".join(f"{k}: {n}" for k, n in sorted(earlier.items(), key=lambda kv: -kv[1]))
+        raise VerdictError(f"this protocol's runs already trained in {len(earlier)} precisions ({counts}): delete the "
+                           "odd ones (`mlflow runs delete --run-id ID`) so its comparisons use one, or choose a new "
+                           "verdict.name")
+    other = next(iter(earlier), precision)
+    if other != precision:
+        raise VerdictError(f"{earlier[other]} run(s) of this protocol trained in {other}; here trainer.precision "
+                           f"resolves to {precision} ({why}): continue on a machine where it resolves to {other}, "
+                           f"or pass trainer.precision={other} (recorded on every run)")
+    return precision
+
+
 def worker_order(arms: list, index: int, count: int) -> list:
     """The arms rotated so that worker `index` of `count` starts a size's lr stage at its own share: every worker
     still searches (or, once another has, reads) every arm's lr, and the results are the same in any order (each
@@ -140,6 +160,7 @@ class Verdict:
         commit = check_commit(self.repo, p.allow_dirty, self._earlier_commits())
         self.say(f"commit {commit or 'unknown'}" + (" (verdict.allow_dirty=true: recorded on every run)"
                                                     if p.allow_dirty else " (clean tree)"))
+        self.say(f"precision {self.check_precision()} (every run of the protocol)")
         self.say(f"margin ±{p.margin:g} bpb ({p.margin_reason}); Holm family: {p.holm}; primary: {p.primary_text()}")
         self.say(f"{len(p.arms)} arms ({', '.join(a.name for a in p.arms)}; baseline {p.baseline}) x "
                  f"{len(p.sizes)} sizes ({', '.join(s.name for s in p.sizes)}); lr grid {p.lr_grid}; "
@@ -345,8 +366,27 @@ class Verdict:
                 said = True
             time.sleep(poll_s)
 
+    def check_precision(self) -> str:
+        """check_precision for this machine: the baseline's config at the first size, resolved as a run resolves it."""
+        from ablations.lit import resolve_accelerator, resolve_precision  # Lightning takes seconds: on use
+
+        base = next(a for a in self.p.arms if a.name == self.p.baseline)
+        with config_dir(self.conf_dir, job_name="verdict"):
+            try:
+                cfg = compose_run(self.p.run_overrides(base, self.p.sizes[0]))
+            except (HydraException, OmegaConfBaseException) as e:
+                raise VerdictError(f"config error for arm {base.name} size {self.p.sizes[0].name}: {_short(e)}") from None
+        accel = resolve_accelerator(cfg.trainer.get("accelerator", "auto"))
+        here = resolve_precision(cfg.trainer.get("precision", "auto"), accel)
+        return check_precision(here, self._earlier_tags("precision"))
+
     def _earlier_commits(self) -> dict[str, int]:
         """commit -> number of runs of this protocol already in MLflow (any stage, any status)."""
+        return self._earlier_tags("git_commit", missing="unknown")
+
+    def _earlier_tags(self, key: str, missing: str | None = None) -> dict[str, int]:
+        """value of tag `key` -> number of this protocol's runs in MLflow (any stage, any status) that carry it (all
+        of them, counted under `missing` where absent, if it is given)."""
         client = mlflow_client(protocol_uri(self.p, self.conf_dir))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
@@ -354,8 +394,9 @@ class Verdict:
         runs = client.search_runs([exp.experiment_id], f"tags.`verdict.protocol` = '{self.p.name}'", max_results=50000)
         out: dict[str, int] = {}
         for r in runs:
-            c = r.data.tags.get("git_commit", "unknown")
-            out[c] = out.get(c, 0) + 1
+            v = r.data.tags.get(key, missing)
+            if v is not None:
+                out[v] = out.get(v, 0) + 1
         return out
 
     def _earlier_runs(self, cfg, tags: Mapping[str, str], seed: int) -> list:
@@ -395,7 +436,9 @@ def main(argv: list[str] | None = None, train_fn=None, conf_dir: Path | None = N
         if p.workers > 1 and p.worker == (0, 1):
             # refuse before starting anything; opening the MLflow store here also creates its tables once (two
             # workers creating them in a fresh SQLite file at once: one fails with 'table ... already exists')
-            check_commit(REPO, p.allow_dirty, Verdict(p, conf_dir=conf)._earlier_commits())
+            first = Verdict(p, conf_dir=conf)
+            check_commit(REPO, p.allow_dirty, first._earlier_commits())
+            first.check_precision()
             return launch(argv, p)
         return Verdict(p, train_fn=train_fn, conf_dir=conf).run()
 

@@ -270,6 +270,39 @@ def test_guard_refuses_a_dirty_tree_and_other_commits(tmp_path):
         check_commit(tmp_path / "nowhere", False, {})
 
 
+def test_guard_refuses_runs_in_another_precision():
+    from sweeps.verdict import VerdictError, check_precision
+
+    here = ("32-true", "auto: CPU without native bf16")
+    assert check_precision(here, {}) == "32-true"  # a new protocol: this machine's precision
+    assert check_precision(here, {"32-true": 7}) == "32-true"
+    with pytest.raises(VerdictError, match=r"^433 run\(s\) of this protocol trained in bf16-mixed; here trainer\.precision "
+                       r"resolves to 32-true \(auto: CPU without native bf16\): continue on a machine where it "
+                       r"resolves to bf16-mixed, or pass trainer\.precision=bf16-mixed \(recorded on every run\)$"):
+        check_precision(here, {"bf16-mixed": 433})
+    with pytest.raises(VerdictError, match=r"already trained in 2 precisions \(bf16-mixed: 430, 32-true: 6\): delete"):
+        check_precision(("bf16-mixed", "configured"), {"32-true": 6, "bf16-mixed": 430})
+
+
+def test_verdict_in_another_precision_than_its_runs_is_one_line_and_trains_nothing(tmp_path, shakespeare_path):
+    """A study resumed on a machine where trainer.precision=auto resolves otherwise (an AVX2 CPU after AVX512-BF16
+    ones) is refused before anything trains; the runs' own `precision` tag is what the guard reads."""
+    from mlflow import MlflowClient
+
+    cwd = tmp_path / "job"
+    cwd.mkdir()
+    c = MlflowClient(tracking_uri=f"sqlite:///{cwd}/mlflow.db")
+    run = c.create_run(c.create_experiment("tinyverdict"),
+                       tags={"verdict.protocol": "tinyverdict", "precision": "bf16-mixed"})
+    c.set_terminated(run.info.run_id)
+    r = verdict_here(cwd, [*verdict_args(cwd, shakespeare_path), "trainer.precision=32-true"])
+    assert r.returncode == 2, r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "1 run(s) of this protocol trained in bf16-mixed; here trainer.precision " \
+        "resolves to 32-true (configured)" in line, r.stderr
+    assert [x.info.run_id for x in _runs(cwd)[1]] == [run.info.run_id]  # nothing trained
+
+
 def test_verdict_refuses_before_training_anything(tmp_path):
     from sweeps.verdict import ProtocolArm, ProtocolSpec, Size, Verdict, VerdictError
 
