@@ -117,17 +117,21 @@ def band_mask(T, W):
     return (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < W)  # (T, T)
 
 
-@pytest.mark.parametrize("T,W", [(5, 8), (8, 8), (9, 8), (16, 4), (23, 4), (30, 7), (12, 1)])
+@pytest.mark.parametrize("T,W", [(5, 8), (8, 8), (9, 8), (13, 7), (16, 8), (16, 4), (17, 8), (23, 4), (30, 7),
+                                 (12, 1)])
 @pytest.mark.parametrize("nkv", [1, 4])
-def test_blocked_sliding_matches_banded_sdpa(T, W, nkv):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_blocked_sliding_matches_banded_sdpa(T, W, nkv, dtype):
+    """Every path of the window (plain causal for T <= W, one call under the band up to 2W, blocks past it) against
+    the textbook attention under the band mask typed here, forward and backward."""
     B, nh, hs = 2, 4, 8
-    q = randn(B, nh, T, hs).requires_grad_()
-    k = randn(B, nkv, T, hs, seed=1).requires_grad_()
-    v = randn(B, nkv, T, hs, seed=2).requires_grad_()
+    q = randn(B, nh, T, hs, dtype=dtype).requires_grad_()
+    k = randn(B, nkv, T, hs, seed=1, dtype=dtype).requires_grad_()
+    v = randn(B, nkv, T, hs, seed=2, dtype=dtype).requires_grad_()
     ours = blocked_sliding_attention(q, k, v, W, 0.0)
     ref = reference_attention(q, k, v, band_mask(T, W))
     torch.testing.assert_close(ours, ref)
-    dy = randn(B, nh, T, hs, seed=3)
+    dy = randn(B, nh, T, hs, seed=3, dtype=dtype)
     for a, b in zip(torch.autograd.grad(ours, (q, k, v), dy), torch.autograd.grad(ref, (q, k, v), dy)):
         torch.testing.assert_close(a, b)
 

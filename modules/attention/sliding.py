@@ -7,7 +7,10 @@ O(W) instead of O(T).
 Attention costs O(T * W), not O(T^2): for a plain causal call (training, or a prefill into an empty cache, without
 padding or a position bias; the GPT then passes mask=None, see `applies_own_window`) the queries are cut into
 blocks of W, and each block attends only to its own keys and the previous block's, under one fixed (W, 2W) band
-mask; the other W * (T - 2W) scores of each block are never computed. Every other call (cached keys, left padding,
+mask; the other W * (T - 2W) scores of each block are never computed. Up to T = 2W the blocks would skip at most a
+quarter of the scores and cost more in copies than they save (small-cpu's T = 64, W = 32: 1.55x the causal call's
+time, forward and backward, where one call under a (T, T) band mask costs 1.01x; docs/bench.md), so such a call is
+one SDPA call under the band. Every other call (cached keys, left padding,
 alibi/t5 bias, explicit position ids) gets the GPT's banded (B, 1, T, S) mask, whose window is a distance in
 position ids; those calls are decoding steps (T = 1) or short padded prompts.
 """
@@ -43,6 +46,12 @@ def _band(W: int, device) -> torch.Tensor:
     return (j > i) & (j <= W + i)
 
 
+def band_mask(T: int, W: int, device) -> torch.Tensor:
+    """(T, T) bool: query t may see key s iff s <= t and t - s < W (itself and the W-1 previous positions)."""
+    i = torch.arange(T, device=device)
+    return (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < W)
+
+
 def blocked_sliding_attention(q, k, v, window: int, dropout_p: float, scale: float | None = None):
     """Causal attention in which query t sees keys t-W+1 .. t, for q (B, nh, T, hs), k, v (B, nkv, S=T, hs) at
     consecutive positions, in O(T * W) time and memory -> (B, nh, T, hs). scale: of q.k (None: 1/sqrt(hs))."""
@@ -50,6 +59,8 @@ def blocked_sliding_attention(q, k, v, window: int, dropout_p: float, scale: flo
     W = window
     if T <= W:  # the window cuts nothing: plain causal
         return sdpa(q, k, v, None, dropout_p, scale)
+    if T <= 2 * W:  # two blocks at most: one call under the (T, T) band is cheaper than cutting them out
+        return sdpa(q, k, v, band_mask(T, W, q.device), dropout_p, scale)
     n = -(-T // W)  # number of query blocks; the last one is zero-padded (padding keys lie in every real
     pad = n * W - T  # query's future, so the band hides them; padding queries are dropped at the end)
     q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))  # (B, h, nW, hs)
