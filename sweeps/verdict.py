@@ -134,6 +134,17 @@ def check_precision(here: tuple[str, str], earlier: Mapping[str, int]) -> str:
     return precision
 
 
+def tag_counts(tags: list[Mapping[str, str]], key: str, missing: str | None = None) -> dict[str, int]:
+    """value of tag `key` -> number of runs (their `tags`) carrying it; a run without it counts under `missing`, or
+    not at all when missing is None."""
+    out: dict[str, int] = {}
+    for t in tags:
+        v = t.get(key, missing)
+        if v is not None:
+            out[v] = out.get(v, 0) + 1
+    return out
+
+
 def worker_order(arms: list, index: int, count: int) -> list:
     """The arms rotated so that worker `index` of `count` starts a size's lr stage at its own share: every worker
     still searches (or, once another has, reads) every arm's lr, and the results are the same in any order (each
@@ -157,10 +168,10 @@ class Verdict:
 
     def run(self) -> int:
         p = self.p
-        commit = check_commit(self.repo, p.allow_dirty, self._earlier_commits())
+        commit, precision = self.guard()
         self.say(f"commit {commit or 'unknown'}" + (" (verdict.allow_dirty=true: recorded on every run)"
                                                     if p.allow_dirty else " (clean tree)"))
-        self.say(f"precision {self.check_precision()} (every run of the protocol)")
+        self.say(f"precision {precision} (every run of the protocol)")
         self.say(f"margin ±{p.margin:g} bpb ({p.margin_reason}); Holm family: {p.holm}; primary: {p.primary_text()}")
         self.say(f"{len(p.arms)} arms ({', '.join(a.name for a in p.arms)}; baseline {p.baseline}) x "
                  f"{len(p.sizes)} sizes ({', '.join(s.name for s in p.sizes)}); lr grid {p.lr_grid}; "
@@ -366,9 +377,17 @@ class Verdict:
                 said = True
             time.sleep(poll_s)
 
-    def check_precision(self) -> str:
-        """check_precision for this machine: the baseline's config at the first size, resolved as a run resolves it."""
-        from ablations.lit import resolve_accelerator, resolve_precision  # Lightning takes seconds: on use
+    def guard(self) -> tuple[str | None, str]:
+        """(commit, precision) every run of the protocol uses: check_commit, then check_precision against this
+        machine's, both on the tags of the protocol's runs so far (one search of the store)."""
+        earlier = self._earlier_tags()
+        commit = check_commit(self.repo, self.p.allow_dirty, tag_counts(earlier, "git_commit", missing="unknown"))
+        return commit, check_precision(self._machine_precision(), tag_counts(earlier, "precision"))
+
+    def _machine_precision(self) -> tuple[str, str]:
+        """(precision, why) of the baseline's config at the first size on this machine, resolved by the function
+        every run resolves it with (ablations.train.resolve_hardware)."""
+        from ablations.train import resolve_hardware  # Lightning takes seconds to import: on use
 
         base = next(a for a in self.p.arms if a.name == self.p.baseline)
         with config_dir(self.conf_dir, job_name="verdict"):
@@ -376,28 +395,17 @@ class Verdict:
                 cfg = compose_run(self.p.run_overrides(base, self.p.sizes[0]))
             except (HydraException, OmegaConfBaseException) as e:
                 raise VerdictError(f"config error for arm {base.name} size {self.p.sizes[0].name}: {_short(e)}") from None
-        accel = resolve_accelerator(cfg.trainer.get("accelerator", "auto"))
-        here = resolve_precision(cfg.trainer.get("precision", "auto"), accel)
-        return check_precision(here, self._earlier_tags("precision"))
+        hw = resolve_hardware(cfg)
+        return hw.precision, hw.precision_reason
 
-    def _earlier_commits(self) -> dict[str, int]:
-        """commit -> number of runs of this protocol already in MLflow (any stage, any status)."""
-        return self._earlier_tags("git_commit", missing="unknown")
-
-    def _earlier_tags(self, key: str, missing: str | None = None) -> dict[str, int]:
-        """value of tag `key` -> number of this protocol's runs in MLflow (any stage, any status) that carry it (all
-        of them, counted under `missing` where absent, if it is given)."""
+    def _earlier_tags(self) -> list[Mapping[str, str]]:
+        """The tags of each of this protocol's runs already in MLflow (any stage, any status)."""
         client = mlflow_client(protocol_uri(self.p, self.conf_dir))
         exp = client.get_experiment_by_name(self.p.name)
         if exp is None:
-            return {}
+            return []
         runs = client.search_runs([exp.experiment_id], f"tags.`verdict.protocol` = '{self.p.name}'", max_results=50000)
-        out: dict[str, int] = {}
-        for r in runs:
-            v = r.data.tags.get(key, missing)
-            if v is not None:
-                out[v] = out.get(v, 0) + 1
-        return out
+        return [r.data.tags for r in runs]
 
     def _earlier_runs(self, cfg, tags: Mapping[str, str], seed: int) -> list:
         """This (protocol, arm, size, seeds stage, seed)'s runs already in MLflow, any status."""
@@ -436,9 +444,7 @@ def main(argv: list[str] | None = None, train_fn=None, conf_dir: Path | None = N
         if p.workers > 1 and p.worker == (0, 1):
             # refuse before starting anything; opening the MLflow store here also creates its tables once (two
             # workers creating them in a fresh SQLite file at once: one fails with 'table ... already exists')
-            first = Verdict(p, conf_dir=conf)
-            check_commit(REPO, p.allow_dirty, first._earlier_commits())
-            first.check_precision()
+            Verdict(p, conf_dir=conf).guard()
             return launch(argv, p)
         return Verdict(p, train_fn=train_fn, conf_dir=conf).run()
 
