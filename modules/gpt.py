@@ -111,7 +111,7 @@ class GPT(nn.Module):
         past = 0 if cache is None else cache.seq_len
         # None: causal by index over this call's keys alone (no cached keys, no padding, no bias). A window is a
         # distance in positions, so it can ride along only when positions are consecutive and the attention
-        # applies its own window (in O(T * W), where a (T, T) band would cost O(T^2)).
+        # applies its own window (sliding: one (T, T) band per call up to T = 2W, O(T * W) blocks past it).
         own_window = window is None or (consecutive and window == cfg.window
                                         and cfg.variant("attention").applies_own_window(cfg))
         if past == 0 and not padded and own_window and not self.position.adds_attn_bias:
