@@ -30,6 +30,39 @@ def test_the_kernel_is_built_here():
     assert rms_kernel.kernel() is not None, rms_kernel._built.get("why")
 
 
+def test_the_build_uses_the_interpreters_ninja_whatever_path_says(tmp_path, monkeypatch):
+    """Two ninja versions hash a build's command differently, so each rebuilds what the other built (~20 s of CPU):
+    the build runs the ninja beside this interpreter (pyproject's) even when PATH names another first (a system
+    ninja, an environment not activated), and PATH is as it was afterwards."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import torch.utils.cpp_extension as cpp
+
+    own = Path(sys.executable).parent / "ninja"
+    assert own.exists()  # the [test] install has pyproject's ninja in this environment
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "ninja").write_text("#!/bin/sh\nexit 1\n")
+    (other / "ninja").chmod(0o755)
+    path = f"{other}{os.pathsep}{os.environ['PATH']}"
+    monkeypatch.setenv("PATH", path)
+    seen = []
+
+    def fake_load(name, **kwargs):  # where torch's build would look for ninja (it runs `ninja` from os.environ)
+        import shutil
+
+        seen.append(shutil.which("ninja"))
+        raise RuntimeError("not built in this test")
+
+    monkeypatch.setattr(cpp, "load", fake_load)
+    monkeypatch.setattr(rms_kernel, "_built", {})
+    with pytest.warns(RuntimeWarning, match="not built in this test"):
+        assert rms_kernel.kernel() is None
+    assert seen == [str(own)] and os.environ["PATH"] == path
+
+
 @pytest.mark.parametrize("shape", [(2048, 128), (7, 37), (3, 5, 64), (1, 1)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernel_matches_pytorch_in_float64(shape, threads):

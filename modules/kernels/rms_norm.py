@@ -25,15 +25,16 @@ _SOURCE = Path(__file__).with_name("rms_norm.cpp")  # the kernel, beside this lo
 _built: dict = {}  # {"module": the extension or None, "why": the reason it is None}
 
 
-def _find_ninja() -> bool:
-    """ninja on PATH, else beside this interpreter (pip's ninja in a virtual environment that is not activated)."""
-    if shutil.which("ninja"):
-        return True
+def _ninja_path() -> str | None:
+    """The PATH to build with: the ninja installed beside this interpreter (the project's own, pyproject) first,
+    whether or not the environment is activated, else PATH's ninja; None when there is none. Two ninja versions
+    record a command under different hashes, so a build made by one is rebuilt by the other (~20 s of CPU each
+    time): with the choice left to PATH, an activated and a plain `.venv/bin/python` alternately rebuilt it."""
+    path = os.environ.get("PATH", "")
     here = Path(sys.executable).parent
     if (here / "ninja").exists():
-        os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
-        return True
-    return False
+        return f"{here}{os.pathsep}{path}"
+    return path if shutil.which("ninja") else None
 
 
 def _build_tag() -> str:
@@ -62,9 +63,11 @@ def kernel():
     module, why = None, None
     if os.environ.get("ABLATIONS_RMSNORM_KERNEL", "auto").lower() in ("off", "0", "false"):
         why = "ABLATIONS_RMSNORM_KERNEL=off"
-    elif not _find_ninja():
+    elif (path := _ninja_path()) is None:
         why = "ninja not found (pip install ninja)"
     else:
+        before = os.environ.get("PATH")
+        os.environ["PATH"] = path  # for torch's ninja call only (it reads os.environ), restored below
         try:
             import torch
             from torch.utils.cpp_extension import load
@@ -79,6 +82,11 @@ def kernel():
             module.rms_norm  # noqa: B018 - a library that registered nothing is refused here, not at the first call
         except Exception as e:  # noqa: BLE001 - any build failure leaves the op-by-op path, which is correct
             why = " ".join(str(e).split())[:300] or type(e).__name__
+        finally:
+            if before is None:
+                os.environ.pop("PATH", None)
+            else:
+                os.environ["PATH"] = before
     if module is None:
         warnings.warn(f"RMSNorm: the fused CPU kernel is not used ({why}); RMSNorm runs op by op, slower than "
                       "LayerNorm on CPU", RuntimeWarning, stacklevel=2)
