@@ -87,3 +87,37 @@ def test_progress_lines_cadence():
     assert line_every(600, 10) == 30  # the default run: 20 lines
     assert line_every(12, 1) == 1 and line_every(1000, 7) == 56  # 50 / 7 rounded up to the logging cadence
     assert wants_lines(open(__file__))  # a file is not a terminal
+
+
+def test_a_repeated_compose_is_a_fresh_copy_and_sees_edits_and_the_directory(tmp_path, monkeypatch):
+    """ablations.compose keeps each compose's result for its repeats (the verdict and sweep loops compose one run's
+    config many times): a repeat equals what Hydra composes, is a new object (a caller that edits its config edits
+    no other's), and a YAML edited in between, another working directory (hydra.runtime.cwd) or other overrides
+    compose anew."""
+    import shutil
+
+    from omegaconf import open_dict
+
+    from ablations.compose import config_dir, compose_here
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    monkeypatch.chdir(tmp_path)
+    with config_dir(conf):
+        first = compose_here(["model=tiny"], hydra_config=True)
+        with open_dict(first):
+            first.model.n_layer = 99  # a caller edits its copy
+        again = compose_here(["model=tiny"], hydra_config=True)
+        assert again.model.n_layer != 99
+        # unresolved: ${now:...} in hydra.run.dir resolves at each access (the memo keeps it unresolved)
+        assert OmegaConf.to_container(again) == OmegaConf.to_container(compose("config", ["model=tiny"], True))
+        with open_dict(again):
+            again.model.n_layer = 98  # and a caller of a repeat edits its copy
+        assert compose_here(["model=tiny"], hydra_config=True).model.n_layer == 2
+        assert compose_here(["model=tiny", "seed=7"]).seed == 7
+        tiny = conf / "model" / "tiny.yaml"
+        tiny.write_text(tiny.read_text().replace("n_layer: 2", "n_layer: 5", 1))
+        assert compose_here(["model=tiny"], hydra_config=True).model.n_layer == 5
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        assert compose_here(["model=tiny"], hydra_config=True).hydra.runtime.cwd == str(tmp_path / "elsewhere")
