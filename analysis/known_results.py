@@ -25,6 +25,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import protocol
+from analysis.compute import cost_of
 from analysis.document import ci_text, fixed, lr_text, p_text, signed
 from analysis.engine import Context, Kind, section
 from analysis.literature import BETTER, EQUIVALENT, EXPECTED, FINDINGS, WORSE, Finding
@@ -405,36 +406,18 @@ def undecided_section(ctx: Context) -> list:
                        "(sd upper)", "seeds for equivalence", "(sd upper)"], rows)]
 
 
-def busy_seconds(intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of [start, end] intervals: the time at least one of them was running."""
-    total, cur_start, cur_end = 0.0, None, None
-    for a, b in sorted(intervals):
-        if cur_end is None or a > cur_end:
-            total += 0.0 if cur_end is None else cur_end - cur_start
-            cur_start, cur_end = a, b
-        else:
-            cur_end = max(cur_end, b)
-    return total + (0.0 if cur_end is None else cur_end - cur_start)
-
-
 @section("known.compute")
 def compute_section(ctx: Context) -> list:
-    """What the study cost: the runs' summed time (each run one process, one thread) and the wall time during which
-    at least one run was running (the study may span sessions: the pauses between them are not counted)."""
-    p = ctx.extra
-    runs = p.results()
-    t = runs[["start_time", "end_time"]].dropna().astype(float) / 1000.0  # MLflow's ms -> s
-    if not len(t):
+    """What the study cost (analysis/compute.py): its results' run-hours, busy wall time and elapsed time."""
+    c = cost_of(ctx.extra.results())
+    if not c.runs:
         return []
-    spans = list(zip(t["start_time"], t["end_time"]))
-    run_s, busy = float((t["end_time"] - t["start_time"]).sum()), busy_seconds(spans)
-    elapsed = float(t["end_time"].max() - t["start_time"].min())
     return [("h2", "Compute"),
-            ("p", f"{len(t)} runs counted (seeds and lr stages): {run_s / 3600:.1f} run-hours (each run one process "
-                  f"of one thread), {busy / 3600:.1f} h of wall time with at least one run going, so on average "
-                  f"{run_s / busy:.2f} runs at once; {elapsed / 3600:.1f} h from the first start to the last end, "
-                  "pauses between sessions included. The runs' own start and end times in MLflow (start-up and "
-                  "the final evaluation included).")]
+            ("p", f"{c.runs} runs counted (seeds and lr stages): {c.run_hours:.1f} run-hours (each run one process "
+                  f"of one thread), {c.busy_seconds / 3600:.1f} h of wall time with at least one run going, so on "
+                  f"average {c.concurrency:.2f} runs at once; {c.elapsed_seconds / 3600:.1f} h from the first start to "
+                  "the last end, pauses between sessions included. The runs' own start and end times in MLflow "
+                  "(start-up and the final evaluation included).")]
 
 
 KNOWN_RESULTS = Kind("known-results", protocol.load_protocol, lambda ctx: f"Known results: {ctx.extra.name}",

@@ -18,8 +18,8 @@ then adds, from the statistics of analysis/ladder.py:
 - **decision accuracy**: how often a smaller size's verdict (and the sign of its Δ) is the largest size's;
 - **trained models per size**: each size's baseline against the n-gram floors and the epochs its runs saw (the
   known-results study's bar, analysis/known_results.py);
-- the forest plot with one panel per size, then the protocol's sections (verdicts per size, floor, lr search,
-  provenance).
+- the forest plot with one panel per size, then the protocol's sections (verdicts per size, floor, lr search),
+  the ladder's **compute** per size and stage beside the held-out study's (analysis/compute.py), provenance.
 """
 from __future__ import annotations
 
@@ -35,17 +35,18 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import forest, ladder, protocol
+from analysis.compute import Cost, cost_of
 from analysis.document import ci_text, fixed, p_text, signed
 from analysis.engine import Context, Kind, section
 from analysis.known_results import BASELINE_BEATS_ORDER, BELOW_TRIGRAM, MAX_EPOCHS
 from analysis.literature import EXPECTED
-from analysis.protocol_runs import is_protocol
+from analysis.protocol_runs import STAGE_LR, STAGE_SEEDS, is_protocol
 from analysis.store import AnalysisError, load_runs
 from analysis.verdict import VERDICT_METRIC, resolve_margin
 
 FIGURE = "delta_vs_size"
-POINTS_CSV, TRENDS_CSV, PREDICTIONS_CSV, DECISIONS_CSV = ("ladder_points.csv", "ladder_trends.csv",
-                                                          "ladder_predictions.csv", "decision_accuracy.csv")
+POINTS_CSV, TRENDS_CSV, PREDICTIONS_CSV, DECISIONS_CSV, COMPUTE_CSV = (
+    "ladder_points.csv", "ladder_trends.csv", "ladder_predictions.csv", "decision_accuracy.csv", "ladder_compute.csv")
 MIN_SIZES = ladder.MIN_FIT + 1  # a trend over the smaller sizes and the largest held out
 SIDE = {"better": "Δ < −m", "worse": "Δ > +m", "equivalent": "|Δ| < m"}
 
@@ -59,6 +60,7 @@ class HeldOut:
     protocol: str
     size: str
     table: pd.DataFrame
+    cost: Cost  # every result of that protocol (analysis/compute.py)
 
 
 def held_out_of(ctx: Context) -> HeldOut | None:
@@ -96,7 +98,7 @@ def held_out_of(ctx: Context) -> HeldOut | None:
     if size in ctx.extra.sizes:
         raise AnalysisError(f"held_out={source}: its largest size `{size}` is also a size of `{ctx.extra.name}`; "
                             "a held-out rung must be another size")
-    return HeldOut(source, p.name, size, table[table["size"] == size].reset_index(drop=True))
+    return HeldOut(source, p.name, size, table[table["size"] == size].reset_index(drop=True), cost_of(p.results()))
 
 
 def load_ladder(ctx: Context) -> None:
@@ -341,6 +343,63 @@ def trained_section(ctx: Context) -> list:
                            "floor", "epochs (min-max)", "clears the bar"], rows)]
 
 
+def compute_by_size(ctx: Context) -> pd.DataFrame:
+    """Per size (smallest budget first) and stage: the results' runs and run-hours (analysis/compute.py); then the
+    runs left out (killed by a stopped session, superseded, ...) with the time they ran, which the study spent too."""
+    p, runs = ctx.extra, ctx.runs
+    rows = []
+    for size in p.sizes:
+        for stage in (STAGE_LR, STAGE_SEEDS):
+            c = cost_of(runs[(runs["size"] == size) & (runs["stage"] == stage)])
+            rows.append([size, stage, c.runs, c.run_hours])
+    left = ctx.runset.runs[ctx.runset.runs["run_id"].isin(p.left_out["run_id"])] if len(p.left_out) else None
+    c = cost_of(left) if left is not None else Cost(0, 0.0, 0.0, 0.0)
+    rows.append(["left out", "", c.runs, c.run_hours])
+    return pd.DataFrame(rows, columns=["size", "stage", "runs", "run_hours"])
+
+
+@section("ladder.compute")
+def compute_section(ctx: Context) -> list:
+    """What the ladder cost, per size and stage, beside the held-out study's own cost (its every result)."""
+    frame, held = compute_by_size(ctx), ctx.once(held_out_of)
+    ctx.write_csv(COMPUTE_CSV, frame)
+    n = ctx.once(ladder_of)["points"].groupby("size")["n_params"].first()
+    res = frame[frame["size"] != "left out"]
+    rows = []
+    for size, g in res.groupby("size", sort=False):
+        by = g.set_index("stage")
+        total = by["run_hours"].sum()
+        rows.append([f"`{size}`", n_text(n.get(size, math.nan)),
+                     *(f"{int(by.loc[s, 'runs'])} / {by.loc[s, 'run_hours']:.2f}"
+                       for s in (STAGE_LR, STAGE_SEEDS)),
+                     f"{int(by['runs'].sum())} / {total:.2f}",
+                     f"{60 * total / by['runs'].sum():.2f}" if by["runs"].sum() else "n/a"])
+    all_c = cost_of(ctx.runs)
+    stage = res.groupby("stage")[["runs", "run_hours"]].sum()
+    rows.append(["all sizes", "", *(f"{int(stage.loc[s, 'runs'])} / {stage.loc[s, 'run_hours']:.2f}"
+                                    for s in (STAGE_LR, STAGE_SEEDS)),
+                 f"**{all_c.runs} / {all_c.run_hours:.2f}**",
+                 f"{60 * all_c.run_hours / all_c.runs:.2f}" if all_c.runs else "n/a"])
+    left = frame[frame["size"] == "left out"].iloc[0]
+    text = (f"The results of the ladder's {len(ctx.extra.sizes)} sizes took **{all_c.run_hours:.2f} run-hours** "
+            f"({all_c.runs} runs, each one process of one thread; {all_c.busy_seconds / 3600:.1f} h of wall time "
+            f"with at least one run going, {all_c.concurrency:.2f} runs at once on average). ")
+    if left["runs"]:
+        text += (f"{int(left['runs'])} runs left out (not results: see [Left out](#left-out)) ran "
+                 f"{left['run_hours']:.2f} run-hours more. ")
+    if held is not None:
+        ratio = all_c.run_hours / held.cost.run_hours if held.cost.run_hours else math.nan
+        text += (f"The held-out size's study, protocol `{held.protocol}` (one size, every result of it), took "
+                 f"{held.cost.run_hours:.2f} run-hours ({held.cost.runs} runs): the ladder cost {ratio:.2f}x that, "
+                 f"{'less' if ratio < 1 else 'more'} than the size it predicts. ")
+    text += ("Run-hours are the runs' own start-to-end times in MLflow (start-up and the final evaluation included), "
+             "on whatever machine and load each met: a cost, not a speed comparison.")
+    return [("h2", "Compute"), ("p", text),
+            ("table", ["size", "N", "lr stage: runs / run-hours", "seeds stage: runs / run-hours",
+                       "all: runs / run-hours", "run-minutes per run"], rows),
+            ("p", f"Machine-readable: `{COMPUTE_CSV}`.")]
+
+
 def ladder_summary(ctx: Context) -> list[str]:
     lad, p, held = ctx.once(ladder_of), ctx.extra, ctx.once(held_out_of)
     top = f"`{held.size}` of `{held.protocol}` ({held.source})" if held else f"`{p.sizes[-1]}`"
@@ -356,9 +415,9 @@ def ladder_summary(ctx: Context) -> list[str]:
 LADDER = Kind("ladder", load_ladder, lambda ctx: f"Ladder: {ctx.extra.name}",
               ("ladder.head", "ladder.trend", "ladder.predictions", "ladder.decisions", "ladder.trained",
                "forest.by_size",
-               "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "protocol.throughput", "paired",
-               "protocol.provenance", "regenerate"),
+               "protocol.intro", "protocol.verdicts", "floor", "protocol.lr", "ladder.compute", "protocol.throughput",
+               "paired", "protocol.provenance", "regenerate"),
               summary=ladder_summary, exit_code=protocol.PROTOCOL.exit_code, args=regenerate_args,
               floor_arms=protocol.floor_arms, expected=EXPECTED,
-              files=protocol.FILES + (POINTS_CSV, TRENDS_CSV, PREDICTIONS_CSV, DECISIONS_CSV),
+              files=protocol.FILES + (POINTS_CSV, TRENDS_CSV, PREDICTIONS_CSV, DECISIONS_CSV, COMPUTE_CSV),
               figures=protocol.PROTOCOL.figures + (FIGURE, forest.BY_SIZE_FIGURE))

@@ -215,7 +215,7 @@ def test_undecided_rows_print_what_the_planner_says_they_would_take(built):
 
 
 def test_busy_time_is_the_union_of_the_runs_intervals():
-    from analysis.known_results import busy_seconds
+    from analysis.compute import busy_seconds
 
     # two overlapping runs (0-10, 5-15: 15 s busy), a pause, one more (20-30), one inside another (22-24)
     assert busy_seconds([(20, 30), (0, 10), (5, 15), (22, 24)]) == 25

@@ -194,6 +194,7 @@ PROTOCOL = "ladder-synth"
 SIZES = {"w16": 15, "w24": 16, "w32": 17, "w48": 18, "w64": 19}  # name -> log2 N
 SPREAD = {"w16": 0.002, "w24": 0.004, "w32": 0.001, "w48": 0.003, "w64": 0.002}  # seed spread per size
 OFFSETS = np.array([-3.0, -1.0, 1.0, 3.0])  # seeds 1-4, times the spread (arms: 1.5x it)
+RUN_MS = {"w16": 2000, "w24": 3000, "w32": 4000, "w48": 5000, "w64": 6000}  # each run's start to end, per size
 PLANTED = {  # arm -> Δ at log2 N = 15 .. 19
     "rope": -0.03 - 0.01 * np.arange(5) + np.array([0.001, -0.004, 0.002, 0.0, 0.0]),
     "swiglu": 0.01 - 0.007 * np.arange(5) + np.array([-0.002, 0.003, -0.001, 0.001, 0.002]),
@@ -238,7 +239,7 @@ def make_ladder_store(uri: str, sizes=tuple(SIZES), name: str = PROTOCOL) -> Non
                                  params=[Param("optim.lr", "0.003"), Param("seed", str(seed))],
                                  tags=[RunTag("git_commit", "c0ffee"), RunTag("data_fingerprint", "fp"),
                                        RunTag("tokenizer", "char"), RunTag("git_dirty", "false")])
-                client.set_terminated(r.info.run_id, status="FINISHED", end_time=clock[0] + 2000)
+                client.set_terminated(r.info.run_id, status="FINISHED", end_time=clock[0] + RUN_MS[size])
     from sweeps.floor import log_floor
 
     log_floor(uri, LADDER_FLOOR, {"kind": "ngram", "smoothing": "modified-kn", "data": "shakespeare",
@@ -354,6 +355,41 @@ def test_report_sections_figures_and_byte_identical_rerun(ladder_report, tmp_pat
         assert (out / f).read_bytes() == (again / f).read_bytes(), f
 
 
+def test_compute_per_size_and_stage_with_the_runs_left_out(tmp_path):
+    """Run-hours per size and stage from the runs' own start and end times (16 runs a size, each 2-6 s by size), and
+    a killed run's time counted apart from the results'."""
+    from mlflow.entities import RunTag
+    from ablations.tracking import client as open_store
+    from analysis.report import main
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    make_ladder_store(uri)
+    client = open_store(uri)
+    exp = client.get_experiment_by_name(PROTOCOL).experiment_id
+    r = client.create_run(exp, start_time=1_800_000_000_000, run_name="killed",
+                          tags={"verdict.protocol": PROTOCOL, "verdict.arm": "rope", "verdict.size": "w32",
+                                "verdict.stage": "seeds", "seed": "9", "variant": "w32 rope"})
+    client.log_batch(r.info.run_id, tags=[RunTag("git_commit", "c0ffee")])
+    client.set_terminated(r.info.run_id, status="KILLED", end_time=1_800_000_000_000 + 7200_000)  # two hours
+    out = tmp_path / "report"
+    assert main(["ladder", PROTOCOL, f"tracking_uri={uri}", f"out={out}"]) == 0
+    c = pd.read_csv(out / "ladder_compute.csv", keep_default_na=False)
+    seeds = c[c["stage"] == "seeds"].set_index("size")
+    assert seeds["runs"].to_dict() == {s: 16 for s in SIZES}
+    for size, ms in RUN_MS.items():
+        assert seeds.loc[size, "run_hours"] == pytest.approx(16 * ms / 3.6e6, rel=1e-12)
+    assert c.loc[c["stage"] == "lr", "runs"].tolist() == [0] * len(SIZES)
+    left = c[c["size"] == "left out"].iloc[0]
+    assert left["runs"] == 1 and left["run_hours"] == pytest.approx(2.0, rel=1e-12)
+    md = (out / "index.md").read_text(encoding="utf-8")
+    section = md[md.index("## Compute"):]
+    # 80 runs, 16 x (2 + 3 + 4 + 5 + 6) s = 320 s: 0.09 run-hours, 4.00 s = 0.07 run-minutes a run
+    assert "took **0.09 run-hours** (80 runs" in section and "1 runs left out" in section
+    assert "ran 2.00 run-hours more" in section
+    assert "| all sizes |  | 0 / 0.00 | 80 / 0.09 | **80 / 0.09** | 0.07 |" in section
+    assert "| `w16` | 32,768 | 0 / 0.00 | 16 / 0.01 | 16 / 0.01 | 0.03 |" in section
+
+
 def test_too_few_sizes_is_one_line(ladder_report, tmp_path, capsys):
     from analysis.report import main
 
@@ -396,6 +432,9 @@ def test_held_out_rung_from_another_store(ladder_report, tmp_path, capsys):
         assert (split / name).read_bytes() == (out / name).read_bytes(), name
     md = (split / "index.md").read_text(encoding="utf-8")
     assert "`w64` of protocol `ladder-top`" in md and f"held_out={held}" in md
+    # its cost beside the ladder's: 16 runs of 6 s (96 s) against 16 runs each of 2, 3, 4 and 5 s (224 s)
+    assert "protocol `ladder-top` (one size, every result of it), took 0.03 run-hours (16 runs): the ladder cost " \
+           "2.33x that, more than the size it predicts" in md
     # a held-out rung must be another, larger size: the ladder's own store names w48 again
     capsys.readouterr()  # MLflow's log lines from making the stores
     code = main(["ladder", PROTOCOL, f"tracking_uri={small}", f"out={tmp_path / 'bad'}",
