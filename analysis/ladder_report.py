@@ -41,6 +41,7 @@ from analysis.engine import Context, Kind, section
 from analysis.known_results import BASELINE_BEATS_ORDER, BELOW_TRIGRAM, MAX_EPOCHS
 from analysis.literature import EXPECTED
 from analysis.protocol_runs import STAGE_LR, STAGE_SEEDS, is_protocol
+from analysis.sequential_verdicts import recorded_design
 from analysis.store import AnalysisError, load_runs
 from analysis.verdict import VERDICT_METRIC, resolve_margin
 
@@ -384,6 +385,12 @@ def compute_section(ctx: Context) -> list:
     text = (f"The results of the ladder's {len(ctx.extra.sizes)} sizes took **{all_c.run_hours:.2f} run-hours** "
             f"({all_c.runs} runs, each one process of one thread; {all_c.busy_seconds / 3600:.1f} h of wall time "
             f"with at least one run going, {all_c.concurrency:.2f} runs at once on average). ")
+    design = recorded_design(ctx.extra.seeds)
+    if design is not None:
+        cap_runs = design.cap * len(ctx.extra.arms) * len(ctx.extra.sizes)
+        text += (f"The seeds stage trained {int(stage.loc[STAGE_SEEDS, 'runs'])} runs of the {cap_runs} that "
+                 f"{design.cap} seeds (the sequential design's cap) for each of {len(ctx.extra.arms)} arms at "
+                 f"{len(ctx.extra.sizes)} sizes would take: the sequential rule stopped the rest. ")
     if left["runs"]:
         text += (f"{int(left['runs'])} runs left out (not results: see [Left out](#left-out)) ran "
                  f"{left['run_hours']:.2f} run-hours more. ")

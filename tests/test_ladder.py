@@ -371,6 +371,10 @@ def test_compute_per_size_and_stage_with_the_runs_left_out(tmp_path):
                                 "verdict.stage": "seeds", "seed": "9", "variant": "w32 rope"})
     client.log_batch(r.info.run_id, tags=[RunTag("git_commit", "c0ffee")])
     client.set_terminated(r.info.run_id, status="KILLED", end_time=1_800_000_000_000 + 7200_000)  # two hours
+    design = {"first": "3", "batch": "1", "cap": "12", "spending": "obrien-fleming", "alpha": "0.05"}
+    for run in client.search_runs([exp]):
+        if run.info.status == "FINISHED":
+            client.log_batch(run.info.run_id, tags=[RunTag(f"verdict.sequential.{k}", v) for k, v in design.items()])
     out = tmp_path / "report"
     assert main(["ladder", PROTOCOL, f"tracking_uri={uri}", f"out={out}"]) == 0
     c = pd.read_csv(out / "ladder_compute.csv", keep_default_na=False)
@@ -386,6 +390,9 @@ def test_compute_per_size_and_stage_with_the_runs_left_out(tmp_path):
     # 80 runs, 16 x (2 + 3 + 4 + 5 + 6) s = 320 s: 0.09 run-hours, 4.00 s = 0.07 run-minutes a run
     assert "took **0.09 run-hours** (80 runs" in section and "1 runs left out" in section
     assert "ran 2.00 run-hours more" in section
+    # 4 arms x 5 sizes x the cap's 12 seeds
+    assert "The seeds stage trained 80 runs of the 240 that 12 seeds (the sequential design's cap) for each of 4 " \
+           "arms at 5 sizes would take" in section
     assert "| all sizes |  | 0 / 0.00 | 80 / 0.09 | **80 / 0.09** | 0.07 |" in section
     assert "| `w16` | 32,768 | 0 / 0.00 | 16 / 0.01 | 16 / 0.01 | 0.03 |" in section
 
