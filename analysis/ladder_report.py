@@ -62,6 +62,7 @@ class HeldOut:
     size: str
     table: pd.DataFrame
     cost: Cost  # every result of that protocol (analysis/compute.py)
+    tokens_matched: tuple  # its arms that trained the baseline's tokens (match: tokens), not the size's FLOPs
 
 
 def held_out_of(ctx: Context) -> HeldOut | None:
@@ -99,7 +100,8 @@ def held_out_of(ctx: Context) -> HeldOut | None:
     if size in ctx.extra.sizes:
         raise AnalysisError(f"held_out={source}: its largest size `{size}` is also a size of `{ctx.extra.name}`; "
                             "a held-out rung must be another size")
-    return HeldOut(source, p.name, size, table[table["size"] == size].reset_index(drop=True), cost_of(p.results()))
+    return HeldOut(source, p.name, size, table[table["size"] == size].reset_index(drop=True), cost_of(p.results()),
+                   tuple(protocol.tokens_matched(p)))
 
 
 def load_ladder(ctx: Context) -> None:
@@ -212,14 +214,17 @@ def head_section(ctx: Context) -> list:
     held = lad["predictions"][lad["predictions"]["interval"] == "prediction interval"]
     judged = held[held["covered"].isin(["yes", "no"])]
     total = lad["decisions"].iloc[-1]
-    held = ctx.once(held_out_of)
+    held, crossed = ctx.once(held_out_of), matched_differently(ctx)
+    crossed_text = (f" ({', '.join(f'`{a}`' for a in crossed)} matched differently there: see [the held-out size]"
+                    "(#the-held-out-size-predicted-then-measured))" if crossed else "")
     top = (f"`{held.size}` of protocol `{held.protocol}` (`held_out={held.source}`, its own verdicts)" if held
            else f"`{p.sizes[-1]}`")
     return protocol.head_section(ctx, "Ladder", (
         f"**{len(n)} sizes**, N = {n_text(n.min())} to {n_text(n.max())} parameters (the baseline's; "
         f"{n.max() / n.min():.1f}x); the largest, {top}, is held out: its Δ is predicted from the smaller sizes alone. "
         f"**Held out**: the measured Δ lies inside its 95% prediction interval for "
-        f"{int((judged['covered'] == 'yes').sum())} of {len(judged)} arms. **Decision accuracy**: a smaller size's "
+        f"{int((judged['covered'] == 'yes').sum())} of {len(judged)} arms{crossed_text}. **Decision accuracy**: a "
+        f"smaller size's "
         f"verdict is the largest size's in {int(total['same_verdict'])} of {int(total['arms'])} comparisons, the sign "
         f"of its Δ in {int(total['same_sign'])}. See [Trend with size](#trend-with-size).",))
 
@@ -268,6 +273,21 @@ def predictions_section(ctx: Context) -> list:
                      else f"n/a (a trend needs Δ at {ladder.MIN_FIT} smaller sizes)",
                      f"{signed(r.measured)} {ci_text(r.measured_low, r.measured_high)}" if measured else "unmeasured",
                      f"**{r.covered}**" if r.covered in ("yes", "no") else r.covered])
+    crossed, notes = matched_differently(ctx), []
+    if crossed:
+        for row, r in zip(rows, pred.itertuples()):
+            if r.arm in crossed and r.covered in ("yes", "no"):
+                row[-1] += " (matched differently)"
+        held, mine = ctx.once(held_out_of), set(protocol.tokens_matched(ctx.extra))
+
+        def budget(tokens: bool) -> str:
+            return "the baseline's tokens" if tokens else "the size's FLOP budget"
+
+        notes = [("p", "**Matched differently at the held-out size**: " + "; ".join(
+            f"`{a}` trained {budget(a in mine)} on the ladder and {budget(a in held.tokens_matched)} at "
+            f"`{held.size}` (`{held.protocol}`)" for a in crossed) + ": the trend predicts the ladder's matching, "
+            "so each is compared with a differently matched measurement, and whether it is covered says less about "
+            "the trend.")]
     return [("h2", "The held-out size, predicted then measured"),
             ("p", "For each arm, the largest size's Δ predicted by the trend over the smaller sizes alone (the "
                   "largest size's runs do not enter that fit), with its 95% prediction interval (the line's "
@@ -278,7 +298,18 @@ def predictions_section(ctx: Context) -> list:
                   "own seed noise)."),
             ("table", ["arm", "size", "N", "sizes fitted", "predicted Δ [95%]", "measured Δ [95% Welch CI]",
                        "covered"], rows),
+            *notes,
             ("p", f"Machine-readable: `{PREDICTIONS_CSV}`.")]
+
+
+def matched_differently(ctx: Context) -> list[str]:
+    """The arms matched at tokens on the ladder and at FLOPs at the held-out rung of another store, or the other
+    way round (a held-out size of the protocol itself shares its matching)."""
+    held = ctx.once(held_out_of)
+    if held is None:
+        return []
+    mine, theirs = set(protocol.tokens_matched(ctx.extra)), set(held.tokens_matched)
+    return [a for a in ctx.extra.arms if (a in mine) != (a in theirs)]
 
 
 @section("ladder.decisions")

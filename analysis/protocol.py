@@ -251,11 +251,11 @@ def verdicts_section(ctx: Context) -> list:
         b.append(("p", "Not parameter-matched (each size has one FLOP budget: an arm's tokens follow from its FLOPs "
                        "per token, not from its parameter count): " + "; ".join(
             f"`{r['arm']}` at `{r['size']}` ({r['params']:,.0f} vs {r['params_baseline']:,.0f} parameters; "
-            + _tokens_text(r, table, _tokens_matched(p)) + ")" for _, r in differ.iterrows())
+            + _tokens_text(r, table, tokens_matched(p)) + ")" for _, r in differ.iterrows())
             + ". A quality difference mixes the architecture with its size."))
-    if _tokens_matched(p):
+    if tokens_matched(p):
         b.append(("p", "Matched at tokens, not FLOPs (`match: tokens`, tag `verdict.match`): " + ", ".join(
-            f"`{a}`" for a in _tokens_matched(p)) + " trained the baseline's tokens (its steps) at every size, at "
+            f"`{a}`" for a in tokens_matched(p)) + " trained the baseline's tokens (its steps) at every size, at "
             "their own FLOPs per token; every other arm, the size's FLOP budget."))
     b.extend(_machines_blocks(ctx))
     b.extend(plan_blocks(ctx, table))
@@ -305,7 +305,7 @@ def _paired_blocks(ctx: Context) -> list:
             ("table", ["size", "arm", "Δ [95% Welch CI]", "shared seeds", "paired Δ [95% t CI]", "r"], rows)]
 
 
-def _tokens_matched(p) -> list[str]:
+def tokens_matched(p) -> list[str]:
     """The arms whose seeds ran at the baseline's tokens (tag verdict.match=tokens; untagged runs: flops)."""
     tag = p.seeds["verdict.match"] if "verdict.match" in p.seeds else pd.Series("flops", index=p.seeds.index)
     return sorted(set(p.seeds.loc[tag == "tokens", "verdict.arm"]))
@@ -358,8 +358,8 @@ def scaling_section(ctx: Context) -> list:
         b.append(("p", "Mean final val loss (nats/token) of the seeds against the compute each run spent (its "
                        "`flops_seen` at the last step: flops_per_token × tokens trained on, the budget actually "
                        "spent, never more than the size's budget" + ("; arms matched at tokens: " + ", ".join(
-                           _tokens_matched(p)) + ", the baseline's tokens at their own FLOPs per token"
-                           if _tokens_matched(p) else "") + "):"))
+                           tokens_matched(p)) + ", the baseline's tokens at their own FLOPs per token"
+                           if tokens_matched(p) else "") + "):"))
         b.append(("table", ["arm", "size", "seeds", "compute (FLOPs)", "final val loss"], rows))
     b.extend(common.scaling_blocks(ctx, sc, p.arms))
     if sc.ok:

@@ -214,8 +214,9 @@ def seed_values(size: str, arm: str) -> np.ndarray:
     return base + PLANTED[arm][i] + 1.5 * OFFSETS[::-1] * SPREAD[size]
 
 
-def make_ladder_store(uri: str, sizes=tuple(SIZES), name: str = PROTOCOL) -> None:
-    """The planted ladder at `sizes`, as protocol and experiment `name`."""
+def make_ladder_store(uri: str, sizes=tuple(SIZES), name: str = PROTOCOL, tokens_matched=()) -> None:
+    """The planted ladder at `sizes`, as protocol and experiment `name`; the arms in `tokens_matched` tagged as
+    trained at the baseline's tokens (verdict.match=tokens)."""
     from mlflow.entities import Metric, Param, RunTag
     from ablations.tracking import client as open_store  # a new store: the migrated template
 
@@ -228,7 +229,8 @@ def make_ladder_store(uri: str, sizes=tuple(SIZES), name: str = PROTOCOL) -> Non
             tags = {"verdict.protocol": name, "verdict.arm": arm, "verdict.family": arm,
                     "verdict.baseline": "baseline", "verdict.size": size, "verdict.budget_flops": f"{6 * n * 2e4:g}",
                     "verdict.margin": f"{LADDER_MARGIN:g}", "verdict.margin_reason": "a test", "verdict.holm": "size",
-                    "verdict.primary": "arms=*;sizes=*", "verdict.stage": "seeds", "verdict.lr": "0.003"}
+                    "verdict.primary": "arms=*;sizes=*", "verdict.stage": "seeds", "verdict.lr": "0.003",
+                    **({"verdict.match": "tokens"} if arm in tokens_matched else {})}
             for seed, bpb in zip((1, 2, 3, 4), seed_values(size, arm)):
                 clock[0] += 60_000
                 r = client.create_run(exp, start_time=clock[0], run_name=f"{size} {arm} {seed}",
@@ -353,6 +355,31 @@ def test_report_sections_figures_and_byte_identical_rerun(ladder_report, tmp_pat
     assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
     for f in files:
         assert (out / f).read_bytes() == (again / f).read_bytes(), f
+
+
+def test_an_arm_matched_differently_at_the_held_out_rung_is_flagged(ladder_report, tmp_path):
+    """rope at the baseline's tokens on the ladder, at the size's FLOPs at the held-out rung (as GQA and MQA against
+    the known-results study): its held-out row and the head say so; an arm matched alike (swiglu: tokens at both),
+    the unmeasured rows, and a rung of the same store are not flagged."""
+    from analysis.report import main
+
+    _, out = ladder_report
+    assert "matched differently" not in (out / "index.md").read_text(encoding="utf-8")
+    small, top = f"sqlite:///{tmp_path}/small.db", f"sqlite:///{tmp_path}/top.db"
+    make_ladder_store(small, sizes=("w16", "w24", "w32", "w48"), tokens_matched=("rope", "swiglu"))
+    make_ladder_store(top, sizes=("w64",), name="ladder-top", tokens_matched=("swiglu",))
+    split = tmp_path / "split"
+    assert main(["ladder", PROTOCOL, f"tracking_uri={small}", f"out={split}", f"held_out=ladder-top={top}"]) == 0
+    md = (split / "index.md").read_text(encoding="utf-8")
+    rows = [ln for ln in md.splitlines() if ln.startswith("| `") and "| `w64` |" in ln]
+    flagged = {ln.split(" | ")[0].strip("| `") for ln in rows if ln.endswith(" (matched differently) |")}
+    assert flagged == {"rope"}, rows  # swiglu: tokens at both
+    assert not [ln for ln in md.splitlines() if "unmeasured" in ln and "matched differently" in ln]
+    assert "**Matched differently at the held-out size**: `rope` trained the baseline's tokens on the ladder and " \
+           "the size's FLOP budget at `w64` (`ladder-top`)" in md
+    assert "arms (`rope` matched differently there" in md
+    # the same numbers: only the text flags it
+    assert (split / "ladder_predictions.csv").read_bytes() == (out / "ladder_predictions.csv").read_bytes()
 
 
 def test_compute_per_size_and_stage_with_the_runs_left_out(tmp_path):
