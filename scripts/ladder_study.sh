@@ -31,5 +31,6 @@ elif [[ ! -f "$store/mlflow.db" ]]; then
   gunzip -c "$gz" > "$store/mlflow.db"
 fi
 rm -rf "$out/report"
-MLFLOW_TRACKING_URI="$uri" python -m analysis.report ladder $name out="$out/report" \
+# the store named relative to this checkout: the report (its Regenerate command) is the same wherever it is cloned
+MLFLOW_TRACKING_URI="sqlite:///study/$name/mlflow.db" python -m analysis.report ladder $name out="$out/report" \
   held_out=known-results=reports/known-results/mlflow.db.gz
