@@ -5,6 +5,7 @@ failed, its run ended, and re-queued (`stale_handler`)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import math
 import time
@@ -86,9 +87,24 @@ class TrialRunner:
                     if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
                         trial.set_user_attr("fail_reason", f"sweep worker error: {one_line(e)}")
                         study.tell(trial, state=TrialState.FAIL)
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    self._requeue_interrupted(study, trial)
                 raise
             finally:
                 heartbeat.__exit__()
+
+    def _requeue_interrupted(self, study: optuna.Study, trial: optuna.Trial) -> None:
+        """A trial stopped by Ctrl-C or SIGTERM (the worker was stopped; its point did not fail) is re-queued with its
+        params by the storage's retry callback, as a trial whose worker died is, so a resumed study runs it again
+        instead of counting it as a failed point (an lr walk would read a failed lr as diverged)."""
+        storage = getattr(study._storage, "_backend", study._storage)
+        retry = storage.get_heartbeat_stale_trial_callback() if hasattr(
+            storage, "get_heartbeat_stale_trial_callback") else None
+        with contextlib.suppress(Exception):  # on the way out: a store that cannot take it keeps the FAIL
+            frozen = copy.deepcopy(storage.get_trial(trial._trial_id))
+            if retry is not None and frozen.state == TrialState.FAIL:
+                retry(study, frozen)
+                self.say(f"trial {frozen.number} interrupted: re-queued, a resumed study runs it again")
 
     def _ask(self, study: optuna.Study, lock: BudgetLock):
         """Under the budget lock: fail the trials whose worker stopped (re-queued), then ask for a trial if the

@@ -167,6 +167,43 @@ space:
     assert len(study.get_trials()) == 6
 
 
+def test_an_interrupted_trial_is_run_again_when_the_study_resumes(tmp_path, monkeypatch, conf_copy):
+    """A worker stopped (SIGTERM: SystemExit 143, as train() raises it) in the middle of a trial: the trial is FAIL,
+    not a failed point; the study, run again, trains that point again within its budget (as a lr walk resumed after
+    a session stop must), and a finished study then runs nothing more."""
+    (conf_copy / "sweep" / "grid3.yaml").write_text("""
+study_name: grid3
+n_trials: 3
+objectives: [{metric: val_bpb, direction: minimize}]
+sampler: {name: grid}
+pruner: {name: none}
+overrides: [model=tiny]
+space:
+  optim.lr: {type: categorical, choices: [0.001, 0.003, 0.01]}
+""")
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    done = _fake_train(calls)
+
+    def stopped_at_0003(cfg, callbacks=(), tags=None):
+        if cfg.optim.lr == 0.003 and not any(c.optim.lr == 0.003 for c, _ in calls):
+            calls.append((cfg, tags))
+            raise SystemExit(143)
+        return done(cfg, callbacks, tags)
+
+    with pytest.raises(SystemExit):  # the worker stops at 0.003, wherever the grid's order puts it
+        main(["sweep=grid3"], train_fn=stopped_at_0003, conf_dir=conf_copy)
+    assert main(["sweep=grid3"], train_fn=stopped_at_0003, conf_dir=conf_copy) == 0
+    study = optuna.load_study(study_name="grid3", storage="sqlite:///optuna.db")
+    done_lrs = sorted(t.params["optim.lr"] for t in study.get_trials() if t.state == TrialState.COMPLETE)
+    assert done_lrs == [0.001, 0.003, 0.01]  # 0.003 trained again: every point of the grid has a value
+    (failed,) = [t for t in study.get_trials() if t.state == TrialState.FAIL]
+    assert failed.params["optim.lr"] == 0.003 and "SystemExit" in failed.user_attrs["fail_reason"]
+    assert [c.optim.lr for c, _ in calls].count(0.003) == 2 and len(calls) == 4
+    assert main(["sweep=grid3"], train_fn=stopped_at_0003, conf_dir=conf_copy) == 0
+    assert len(calls) == 4  # the budget is the study's total: the retry replaced the interrupted trial
+
+
 def test_user_override_pins_a_searched_key(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     calls = []
