@@ -129,12 +129,12 @@ def test_bad_match_is_one_line(tmp_path, shakespeare_path):
 
 def test_report_names_the_arms_matched_at_tokens():
     """analysis/protocol.py reads the tag from the seeds-stage runs; a run without it (older protocols) is flops."""
-    from analysis.protocol import _tokens_matched, _tokens_text
+    from analysis.protocol import tokens_matched, _tokens_text
 
     seeds = pd.DataFrame({"verdict.arm": ["mha", "mqa", "mqa_t", "mqa_t"],
                           "verdict.match": [None, "flops", "tokens", "tokens"]})
-    assert _tokens_matched(SimpleNamespace(seeds=seeds)) == ["mqa_t"]
-    assert _tokens_matched(SimpleNamespace(seeds=seeds.drop(columns="verdict.match"))) == []
+    assert tokens_matched(SimpleNamespace(seeds=seeds)) == ["mqa_t"]
+    assert tokens_matched(SimpleNamespace(seeds=seeds.drop(columns="verdict.match"))) == []
     table = pd.DataFrame({"size": ["a", "a"], "arm": ["mha", "mqa_t"], "verdict": ["baseline", "better"],
                           "tokens": [2048.0, 2048.0]})
     assert _tokens_text(table.iloc[1], table, ["mqa_t"]) == "the baseline's 2,048 tokens (match: tokens)"
