@@ -224,8 +224,7 @@ def head_section(ctx: Context) -> list:
         f"{n.max() / n.min():.1f}x); the largest, {top}, is held out: its Δ is predicted from the smaller sizes alone. "
         f"**Held out**: the measured Δ lies inside its 95% prediction interval for "
         f"{int((judged['covered'] == 'yes').sum())} of {len(judged)} arms{crossed_text}. **Decision accuracy**: a "
-        f"smaller size's "
-        f"verdict is the largest size's in {int(total['same_verdict'])} of {int(total['arms'])} comparisons, the sign "
+        f"smaller size's verdict is the largest size's in {int(total['same_verdict'])} of {int(total['arms'])} comparisons, the sign "
         f"of its Δ in {int(total['same_sign'])}. See [Trend with size](#trend-with-size).",))
 
 
