@@ -226,6 +226,15 @@ def budget_used(trials: list[FrozenTrial]) -> int:
     return len(trials) - len(retried_numbers(trials) & {t.number for t in trials})
 
 
+def retry_callback(storage) -> Callable[[optuna.Study, FrozenTrial], None] | None:
+    """What re-queues a FAIL trial with its params: the storage's stale-trial callback (the sweep's on_stale, then
+    Optuna's retry, up to sweep.max_retry times; make_storage), None where heartbeats are off. `storage`: the
+    RDBStorage itself (Optuna wraps it in a _CachedStorage: its ``_backend``)."""
+    if hasattr(storage, "get_heartbeat_stale_trial_callback"):
+        return storage.get_heartbeat_stale_trial_callback()
+    return storage.failed_trial_callback
+
+
 def fail_stale_trials(study: optuna.Study, reason: str) -> list[int]:
     """Mark RUNNING trials whose heartbeat is stale as FAIL (with user attr ``fail_reason``), then run the
     storage's stale-trial callback (retry) for each. Returns their numbers. Safe to call from many workers."""
@@ -245,8 +254,7 @@ def fail_stale_trials(study: optuna.Study, reason: str) -> list[int]:
                 failed.append(trial_id)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker got there first, or the trial just finished
-    callback = storage.get_heartbeat_stale_trial_callback() if hasattr(
-        storage, "get_heartbeat_stale_trial_callback") else storage.failed_trial_callback
+    callback = retry_callback(storage)
     numbers = []
     for trial_id in failed:
         frozen = copy.deepcopy(storage.get_trial(trial_id))

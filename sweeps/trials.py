@@ -27,7 +27,7 @@ from sweeps.callbacks import MlflowRunIdCallback, OptunaPruningCallback
 from sweeps.links import MlflowLinks
 from sweeps.settings import SearchPlan, SweepSettings
 from sweeps.space import format_value, to_overrides
-from sweeps.storage import BudgetLock, Heartbeat, budget_used, fail_stale_trials, mask_url
+from sweeps.storage import BudgetLock, Heartbeat, budget_used, fail_stale_trials, mask_url, retry_callback
 
 TrainFn = Callable[..., Mapping[str, Any]]
 
@@ -98,9 +98,8 @@ class TrialRunner:
         params by the storage's retry callback, as a trial whose worker died is, so a resumed study runs it again
         instead of counting it as a failed point (an lr walk would read a failed lr as diverged)."""
         storage = getattr(study._storage, "_backend", study._storage)
-        retry = storage.get_heartbeat_stale_trial_callback() if hasattr(
-            storage, "get_heartbeat_stale_trial_callback") else None
         with contextlib.suppress(Exception):  # on the way out: a store that cannot take it keeps the FAIL
+            retry = retry_callback(storage)
             frozen = copy.deepcopy(storage.get_trial(trial._trial_id))
             if retry is not None and frozen.state == TrialState.FAIL:
                 retry(study, frozen)
