@@ -214,7 +214,7 @@ def head_section(ctx: Context) -> list:
     held = lad["predictions"][lad["predictions"]["interval"] == "prediction interval"]
     judged = held[held["covered"].isin(["yes", "no"])]
     total = lad["decisions"].iloc[-1]
-    held, crossed = ctx.once(held_out_of), matched_differently(ctx)
+    held, crossed = ctx.once(held_out_of), ctx.once(matched_differently)
     crossed_text = (f" ({', '.join(f'`{a}`' for a in crossed)} matched differently there: see [the held-out size]"
                     "(#the-held-out-size-predicted-then-measured))" if crossed else "")
     top = (f"`{held.size}` of protocol `{held.protocol}` (`held_out={held.source}`, its own verdicts)" if held
@@ -272,7 +272,7 @@ def predictions_section(ctx: Context) -> list:
                      else f"n/a (a trend needs Δ at {ladder.MIN_FIT} smaller sizes)",
                      f"{signed(r.measured)} {ci_text(r.measured_low, r.measured_high)}" if measured else "unmeasured",
                      f"**{r.covered}**" if r.covered in ("yes", "no") else r.covered])
-    crossed, notes = matched_differently(ctx), []
+    crossed, notes = ctx.once(matched_differently), []
     if crossed:
         for row, r in zip(rows, pred.itertuples()):
             if r.arm in crossed and r.covered in ("yes", "no"):
@@ -383,9 +383,8 @@ def compute_by_size(ctx: Context) -> pd.DataFrame:
         for stage in (STAGE_LR, STAGE_SEEDS):
             c = cost_of(runs[(runs["size"] == size) & (runs["stage"] == stage)])
             rows.append([size, stage, c.runs, c.run_hours])
-    left = ctx.runset.runs[ctx.runset.runs["run_id"].isin(p.left_out["run_id"])] if len(p.left_out) else None
-    c = cost_of(left) if left is not None else Cost(0, 0.0, 0.0, 0.0)
-    rows.append(["left out", "", c.runs, c.run_hours])
+    left = cost_of(ctx.runset.runs[ctx.runset.runs["run_id"].isin(p.left_out["run_id"] if len(p.left_out) else [])])
+    rows.append(["left out", "", left.runs, left.run_hours])
     return pd.DataFrame(rows, columns=["size", "stage", "runs", "run_hours"])
 
 
