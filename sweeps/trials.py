@@ -8,6 +8,8 @@ import contextlib
 import copy
 import gc
 import math
+import os
+import socket
 import time
 import warnings
 from typing import Any, Callable, Mapping
@@ -167,6 +169,7 @@ class TrialRunner:
             return self._fail(study, trial, f"cannot sample parameters: {one_line(e)}")
         sampled = to_overrides(params)
         trial.set_user_attr("overrides", " ".join(sampled))
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")  # which of many workers ran it
         shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={format_value(v)}" for k, v in params.items())
         self.say(f"trial {trial.number} start{f' (retry of {retry_of})' if retry_of is not None else ''}: {shown}")
         try:
