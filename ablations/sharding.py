@@ -9,29 +9,30 @@ shard per rank, reshardable to another world size). It also runs on CPU processe
 exercise it.
 
 The harness's `FSDP` subclass only changes how the processes start when nobody started them (a plain
-`python -m ablations.run`, or a sweep's in-process trial): spawned from inside `train`, as `trainer=ddp`'s
-ddp_spawn is. Under torchrun or SLURM each rank runs the command and Lightning starts nothing.
+`python -m ablations.run`, or a sweep's in-process trial): from inside `train` by ablations/launch.py, as
+`trainer=ddp`'s ddp_spawn ranks are. Under torchrun or SLURM each rank runs the command and Lightning starts nothing.
 """
 from __future__ import annotations
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
-from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
 from .errors import ConfigError
+from .launch import RankLauncher
 
 NAME = "fsdp"  # trainer.strategy=fsdp (Lightning's own "fsdp" is FSDP1: the harness maps the name to FSDP2)
 
 
 class FSDP(ModelParallelStrategy):
-    """FSDP2 over `world` data-parallel ranks (no tensor parallelism); processes spawned when none were started."""
+    """FSDP2 over `world` data-parallel ranks (no tensor parallelism); processes started (ablations/launch.py) when
+    none were."""
 
     def __init__(self, world: int):
         super().__init__(data_parallel_size=world, tensor_parallel_size=1)
 
     def _configure_launcher(self) -> None:
         if not self.cluster_environment.creates_processes_externally:
-            self._launcher = _MultiProcessingLauncher(self, start_method="spawn")
+            self._launcher = RankLauncher(self)
 
 
 def check_fsdp(cfg) -> None:

@@ -33,6 +33,7 @@ from .errors import (AblationsError, CheckpointError, ConfigError, DataError, Di
                      TrackingError, one_line)
 from .generate import sample_text
 from .inference_timing import generation_benchmark
+from .launch import DDPSpawn
 from .lit import LitGPT, quiet_lightning, resolve_accelerator, resolve_precision
 from .malloc import keep_freed_memory
 from .memory import MemoryEstimate, device_memory, estimate, size
@@ -381,6 +382,8 @@ def build_trainer(cfg: DictConfig, hw: Hardware, ckpt: CheckpointPlan, metrics: 
         tk.pop("limit_val_batches", None)
     if tk.get("strategy") == FSDP_NAME:  # FSDP2 (ablations/sharding.py), not Lightning's FSDP1 of that name
         tk["strategy"] = FSDP(int(tk.get("devices")) * int(tk.get("num_nodes", 1)))
+    elif tk.get("strategy") == "ddp_spawn":  # Lightning's, its ranks started by ablations/launch.py
+        tk["strategy"] = DDPSpawn()
     ours = [metrics, ckpt_cb]
     if tk.get("enable_progress_bar", True) and wants_lines():  # a log file: lines, not a carriage-return stream
         tk["enable_progress_bar"] = False

@@ -165,11 +165,13 @@ def test_every_variant_shards_and_its_gradient_is_one_process_s(tmp_path):
     block over 2 gloo processes, each on half the batch: the reduced gradient of every parameter equals one
     process's on the whole batch (float32, relative to the parameter's largest gradient)."""
     import json
+    import multiprocessing
     import socket
 
     import torch.multiprocessing as mp
     from test_model_contract import EXTRA_CASES, YAML_CASES, _with_window, composed
 
+    from ablations.launch import PRELOAD
     from modules.config import GPTConfig
 
     cases = [_with_window(c) for c in YAML_CASES + EXTRA_CASES]
@@ -177,8 +179,9 @@ def test_every_variant_shards_and_its_gradient_is_one_process_s(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    multiprocessing.set_forkserver_preload(PRELOAD)  # the server trainer=fsdp's ranks use (it may be running)
     mp.start_processes(_variant_worker, args=(2, port, configs, str(tmp_path / "worst.json")), nprocs=2,
-                       start_method="spawn")
+                       start_method="forkserver")
     worst = json.loads((tmp_path / "worst.json").read_text())
     assert len(worst) == len(cases)
     bad = [(c, w) for c, w in zip(cases, worst) if not w < 1e-5]
