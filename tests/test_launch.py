@@ -50,6 +50,9 @@ def _launch(tmp_path, name: str, mark: str, threads: int, seed: int, monkeypatch
     out.mkdir()
     monkeypatch.setenv("ABLATIONS_TEST_MARK", mark)
     monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+    # set by an earlier run's seed_everything in this process, it makes Lightning reseed every rank at set-up
+    # (reset_seed), spawned or forked alike; without it a rank draws on from the launching process's state
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
     torch.manual_seed(seed)
     module = Seen(str(out))  # its init draws from the RNG: the next draw is the one a rank must make first
     rng = torch.Generator()
