@@ -457,7 +457,7 @@ def log_run_start(cfg: DictConfig, run: Run, model: GPT, accounting: dict, hw: H
     for k, v in (run.tags.items() if resumed else []):
         cl.set_tag(run_id, k, v)
     trk.log_params(cl, run_id, trk.config_params(cfg))
-    trk.log_params(cl, run_id, run_params(model, cfg.optim))  # optimizer, parameter groups, parametrization
+    trk.log_params(cl, run_id, run_params(model, cfg.optim, hw.accelerator))  # optimizer, groups, parametrization
     # the resolved config first: a FAILED / KILLED run can be re-run too (python -m ablations.rerun)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.yaml").write_text(_config_yaml(cfg))

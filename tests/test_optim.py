@@ -160,7 +160,7 @@ def test_block_muon_applies_mla_block_factors_under_mup(monkeypatch):
     monkeypatch.setattr(tmuon, "muon", lambda params, grads, bufs, **kw: calls.append(
         (params[0].data_ptr(), tuple(params[0].shape), kw["lr"], kw["weight_decay"])))
     model = _mup(128, attention="mla")
-    opt = build_optimizer(model, muon_cfg(lr=1e-2, weight_decay=0.1)).muon
+    opt = build_optimizer(model, muon_cfg(lr=1e-2, weight_decay=0.1, muon={"ns_dtype": "bfloat16"})).muon
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     opt.step()
@@ -223,12 +223,83 @@ def test_block_muon_with_one_block_is_torch_muon():
     ours = [nn.Parameter(w.clone()) for w in init]
     theirs = [nn.Parameter(w.clone()) for w in init]
     a = BlockMuon([{"params": ours, "blocks": [[(48, 1.0)], [(16, 1.0)]]}], lr=0.02, weight_decay=0.1,
-                  adjust_lr_fn="match_rms_adamw")
+                  adjust_lr_fn="match_rms_adamw", ns_dtype="bfloat16")
     b = torch.optim.Muon(theirs, lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
     _steps(a, ours, grads)
     _steps(b, theirs, grads)
     assert all(torch.equal(x, y) for x, y in zip(ours, theirs))
     assert all(torch.equal(a.state[x]["momentum_buffer"], b.state[y]["momentum_buffer"]) for x, y in zip(ours, theirs))
+
+
+def test_float32_newton_schulz_is_torch_muons_update_to_bf16_rounding():
+    """ns_dtype=float32 (auto on a CPU without native bf16 matmuls): the same 3 steps as torch.optim.Muon (whose
+    Newton-Schulz is bf16): momentum buffers bit for bit, weights within bf16's rounding of the update and not
+    equal to it (the other path ran)."""
+    g = torch.Generator().manual_seed(1)
+    init = [torch.randn(48, 16, generator=g), torch.randn(16, 40, generator=g)]
+    grads = [[torch.randn_like(w) for w in init] for _ in range(3)]
+    ours = [nn.Parameter(w.clone()) for w in init]
+    theirs = [nn.Parameter(w.clone()) for w in init]
+    a = BlockMuon([{"params": ours, "blocks": [[(48, 1.0)], [(16, 1.0)]]}], lr=0.02, weight_decay=0.1,
+                  adjust_lr_fn="match_rms_adamw", ns_dtype="float32")
+    b = torch.optim.Muon(theirs, lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    _steps(a, ours, grads)
+    _steps(b, theirs, grads)
+    assert all(torch.equal(a.state[x]["momentum_buffer"], b.state[y]["momentum_buffer"]) for x, y in zip(ours, theirs))
+    for x, y, w in zip(ours, theirs, init):
+        moved = (y - w).abs().max()  # three updates' size
+        gap = (x - y).abs().max()
+        assert 0 < gap < 0.02 * moved, (float(gap), float(moved))
+
+
+def test_newton_schulz_applies_the_quintic_to_each_singular_value():
+    """Known answer from the SVD: for G = U diag(s) V^T, X <- aX + (b XX^T + c (XX^T)^2) X keeps U and V and maps
+    each singular value of G / |G|_F through phi(x) = a x + b x^3 + c x^5, `steps` times; in float64 exactly that
+    (to rounding), in float32 to 1e-5. Both orientations (the iteration runs on the wide one)."""
+    from ablations.optim import newton_schulz
+
+    coeffs = (3.4445, -4.7750, 2.0315)  # Keller Jordan's, torch.optim.Muon's default
+    gen = torch.Generator().manual_seed(3)
+    for shape in ((24, 10), (10, 24)):
+        k = min(shape)
+        u, _ = torch.linalg.qr(torch.randn(shape[0], k, generator=gen, dtype=torch.float64))
+        v, _ = torch.linalg.qr(torch.randn(shape[1], k, generator=gen, dtype=torch.float64))
+        s = torch.logspace(0, -2, k, dtype=torch.float64)  # 1 .. 0.01
+        x = s / s.norm()
+        for _ in range(5):
+            x = coeffs[0] * x + coeffs[1] * x ** 3 + coeffs[2] * x ** 5
+        want = u @ torch.diag(x) @ v.T
+        got = newton_schulz(u @ torch.diag(s) @ v.T, coeffs, 5, 1e-7, torch.float64)
+        assert torch.allclose(got, want, atol=1e-12), float((got - want).abs().max())
+        got32 = newton_schulz((u @ torch.diag(s) @ v.T).float(), coeffs, 5, 1e-7, torch.float32)
+        assert got32.dtype == torch.float32 and torch.allclose(got32.double(), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", ["match_rms_adamw", "original"])
+def test_lr_ratio_is_torchs(fn):
+    from torch.optim._muon import _adjust_lr
+
+    from ablations.optim import lr_ratio
+
+    for shape in ((48, 16), (16, 40), (7, 7), (1, 300)):
+        assert lr_ratio(fn, torch.Size(shape)) == pytest.approx(_adjust_lr(1.0, fn, torch.Size(shape)), rel=1e-15)
+
+
+def test_ns_dtype_auto_follows_the_hardware(monkeypatch):
+    """auto: bf16 on CUDA and on a CPU with oneDNN's bf16 matmul, float32 on a CPU without (an AVX2 one); an explicit
+    choice is kept; the run records the choice and what it resolved to; a bad value is one line."""
+    from ablations import optim
+
+    monkeypatch.setattr(optim, "_cpu_bf16_matmul", lambda: False)
+    assert optim.ns_dtype("auto", "cpu") == torch.float32 and optim.ns_dtype("auto", "cuda") == torch.bfloat16
+    assert optim.ns_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert run_params(build(MUP), muon_cfg(lr=4e-3))["optimizer.muon.ns_dtype"] == "auto: float32"
+    assert run_params(build(MUP), muon_cfg(lr=4e-3), "cuda")["optimizer.muon.ns_dtype"] == "auto: bfloat16"
+    monkeypatch.setattr(optim, "_cpu_bf16_matmul", lambda: True)
+    assert optim.ns_dtype("auto", "cpu") == torch.bfloat16 and optim.ns_dtype("float32", "cpu") == torch.float32
+    with pytest.raises(ConfigError, match=r"^invalid optim.muon.ns_dtype='fp8': choose one of auto, bfloat16, "
+                                          r"float32 \(auto: bfloat16 where bf16 matmuls are native, else float32\)$"):
+        optim.muon_options(muon_cfg(muon={"ns_dtype": "fp8"}))
 
 
 def test_fused_qkv_is_orthogonalised_per_block():
@@ -241,7 +312,7 @@ def test_fused_qkv_is_orthogonalised_per_block():
     w0 = attn.c_attn.weight.detach().clone()
     gen = torch.Generator().manual_seed(2)
     grads = [torch.randn(w0.shape, generator=gen) for _ in range(3)]
-    opt = build_optimizer(model, muon_cfg(lr=0.02)).muon
+    opt = build_optimizer(model, muon_cfg(lr=0.02, muon={"ns_dtype": "bfloat16"})).muon
     fused = attn.c_attn.weight
     for g in grads:
         for p in model.parameters():
