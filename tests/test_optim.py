@@ -214,19 +214,26 @@ def _steps(opt, params, grads):
         opt.step()
 
 
-def test_block_muon_with_one_block_is_torch_muon():
-    """BlockMuon runs PyTorch's own Muon update: with each parameter one block, 3 steps (momentum, Nesterov,
-    weight decay) give torch.optim.Muon's weights bit for bit, and the same state_dict layout."""
+def _against_torch_muon(ns_dtype: str):
+    """Two matrices (one tall, one wide) stepped 3 times with the same gradients by BlockMuon (each one block, the
+    given ns_dtype) and by torch.optim.Muon -> (initial weights, (BlockMuon, its params), (Muon, its params))."""
     g = torch.Generator().manual_seed(1)
     init = [torch.randn(48, 16, generator=g), torch.randn(16, 40, generator=g)]
     grads = [[torch.randn_like(w) for w in init] for _ in range(3)]
     ours = [nn.Parameter(w.clone()) for w in init]
     theirs = [nn.Parameter(w.clone()) for w in init]
     a = BlockMuon([{"params": ours, "blocks": [[(48, 1.0)], [(16, 1.0)]]}], lr=0.02, weight_decay=0.1,
-                  adjust_lr_fn="match_rms_adamw", ns_dtype="bfloat16")
+                  adjust_lr_fn="match_rms_adamw", ns_dtype=ns_dtype)
     b = torch.optim.Muon(theirs, lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
     _steps(a, ours, grads)
     _steps(b, theirs, grads)
+    return init, (a, ours), (b, theirs)
+
+
+def test_block_muon_with_one_block_is_torch_muon():
+    """BlockMuon runs PyTorch's own Muon update: with each parameter one block, 3 steps (momentum, Nesterov,
+    weight decay) give torch.optim.Muon's weights bit for bit, and the same state_dict layout."""
+    init, (a, ours), (b, theirs) = _against_torch_muon("bfloat16")
     assert all(torch.equal(x, y) for x, y in zip(ours, theirs))
     assert all(torch.equal(a.state[x]["momentum_buffer"], b.state[y]["momentum_buffer"]) for x, y in zip(ours, theirs))
 
@@ -235,16 +242,7 @@ def test_float32_newton_schulz_is_torch_muons_update_to_bf16_rounding():
     """ns_dtype=float32 (auto on a CPU without native bf16 matmuls): the same 3 steps as torch.optim.Muon (whose
     Newton-Schulz is bf16): momentum buffers bit for bit, weights within bf16's rounding of the update and not
     equal to it (the other path ran)."""
-    g = torch.Generator().manual_seed(1)
-    init = [torch.randn(48, 16, generator=g), torch.randn(16, 40, generator=g)]
-    grads = [[torch.randn_like(w) for w in init] for _ in range(3)]
-    ours = [nn.Parameter(w.clone()) for w in init]
-    theirs = [nn.Parameter(w.clone()) for w in init]
-    a = BlockMuon([{"params": ours, "blocks": [[(48, 1.0)], [(16, 1.0)]]}], lr=0.02, weight_decay=0.1,
-                  adjust_lr_fn="match_rms_adamw", ns_dtype="float32")
-    b = torch.optim.Muon(theirs, lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
-    _steps(a, ours, grads)
-    _steps(b, theirs, grads)
+    init, (a, ours), (b, theirs) = _against_torch_muon("float32")
     assert all(torch.equal(a.state[x]["momentum_buffer"], b.state[y]["momentum_buffer"]) for x, y in zip(ours, theirs))
     for x, y, w in zip(ours, theirs, init):
         moved = (y - w).abs().max()  # three updates' size
