@@ -240,14 +240,14 @@ def test_block_muon_with_one_block_is_torch_muon():
 
 def test_float32_newton_schulz_is_torch_muons_update_to_bf16_rounding():
     """ns_dtype=float32 (auto on a CPU without native bf16 matmuls): the same 3 steps as torch.optim.Muon (whose
-    Newton-Schulz is bf16): momentum buffers bit for bit, weights within bf16's rounding of the update and not
-    equal to it (the other path ran)."""
+    Newton-Schulz is bf16): momentum buffers bit for bit, weights within bf16's rounding of the update (5% of the
+    three updates' size) and not equal to it (the other path ran)."""
     init, (a, ours), (b, theirs) = _against_torch_muon("float32")
     assert all(torch.equal(a.state[x]["momentum_buffer"], b.state[y]["momentum_buffer"]) for x, y in zip(ours, theirs))
     for x, y, w in zip(ours, theirs, init):
         moved = (y - w).abs().max()  # three updates' size
         gap = (x - y).abs().max()
-        assert 0 < gap < 0.02 * moved, (float(gap), float(moved))
+        assert 0 < gap < 0.05 * moved, (float(gap), float(moved))  # measured 1.1-1.5%
 
 
 def test_newton_schulz_applies_the_quintic_to_each_singular_value():
