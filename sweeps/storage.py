@@ -226,10 +226,15 @@ def budget_used(trials: list[FrozenTrial]) -> int:
     return len(trials) - len(retried_numbers(trials) & {t.number for t in trials})
 
 
+def storage_of(study: optuna.Study):
+    """The study's storage itself: Optuna wraps an RDBStorage in a _CachedStorage (its ``_backend``)."""
+    return getattr(study._storage, "_backend", study._storage)
+
+
 def retry_callback(storage) -> Callable[[optuna.Study, FrozenTrial], None] | None:
     """What re-queues a FAIL trial with its params: the storage's stale-trial callback (the sweep's on_stale, then
     Optuna's retry, up to sweep.max_retry times; make_storage), None where heartbeats are off. `storage`: the
-    RDBStorage itself (Optuna wraps it in a _CachedStorage: its ``_backend``)."""
+    RDBStorage itself (`storage_of`)."""
     if hasattr(storage, "get_heartbeat_stale_trial_callback"):
         return storage.get_heartbeat_stale_trial_callback()
     return storage.failed_trial_callback
@@ -238,8 +243,7 @@ def retry_callback(storage) -> Callable[[optuna.Study, FrozenTrial], None] | Non
 def fail_stale_trials(study: optuna.Study, reason: str) -> list[int]:
     """Mark RUNNING trials whose heartbeat is stale as FAIL (with user attr ``fail_reason``), then run the
     storage's stale-trial callback (retry) for each. Returns their numbers. Safe to call from many workers."""
-    storage = study._storage
-    storage = getattr(storage, "_backend", storage)  # Optuna wraps RDBStorage in a _CachedStorage
+    storage = storage_of(study)
     get_ids = getattr(storage, "_get_stale_trial_ids", None)
     if not isinstance(storage, RDBStorage) or storage.heartbeat_interval is None or get_ids is None:
         with warnings.catch_warnings():

@@ -29,7 +29,8 @@ from sweeps.callbacks import MlflowRunIdCallback, OptunaPruningCallback
 from sweeps.links import MlflowLinks
 from sweeps.settings import SearchPlan, SweepSettings
 from sweeps.space import format_value, to_overrides
-from sweeps.storage import BudgetLock, Heartbeat, budget_used, fail_stale_trials, mask_url, retry_callback
+from sweeps.storage import (BudgetLock, Heartbeat, budget_used, fail_stale_trials, mask_url, retry_callback,
+                            storage_of)
 
 TrainFn = Callable[..., Mapping[str, Any]]
 
@@ -99,7 +100,7 @@ class TrialRunner:
         """A trial stopped by Ctrl-C or SIGTERM (the worker was stopped; its point did not fail) is re-queued with its
         params by the storage's retry callback, as a trial whose worker died is, so a resumed study runs it again
         instead of counting it as a failed point (an lr walk would read a failed lr as diverged)."""
-        storage = getattr(study._storage, "_backend", study._storage)
+        storage = storage_of(study)
         with contextlib.suppress(Exception):  # on the way out: a store that cannot take it keeps the FAIL
             retry = retry_callback(storage)
             frozen = copy.deepcopy(storage.get_trial(trial._trial_id))
