@@ -14,6 +14,7 @@ group's own lr. Nothing here reads a parameter's name.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -108,6 +109,7 @@ def ns_dtype(choice: str, device: torch.device | str = "cpu") -> torch.dtype:
     return torch.bfloat16 if _cpu_bf16_matmul() else torch.float32
 
 
+@functools.cache  # a fact of the machine, read once per process, not at every optimizer step
 def _cpu_bf16_matmul() -> bool:
     return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
