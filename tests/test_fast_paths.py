@@ -295,3 +295,45 @@ def test_rope_model_takes_the_fused_path_in_eager(monkeypatch):
     model = GPT(GPTConfig(**{**TINY, "position": "rope"}))
     model(torch.randint(0, 64, (2, 8)))
     assert len(calls) == 2 * TINY["n_layer"]  # q and k of every layer
+
+
+# ---- GELU (tanh form) under torch.compile -----------------------------------------------------------------------
+def traced_by_dynamo(fn, *args):
+    """fn(*args) as torch.compile traces it (dynamo only, no inductor: cheap), with the ops of the traced graph."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    out = torch.compile(fn, backend=record, fullgraph=True)(*args)
+    return out, [node.target for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_as_compiled_matches_torch_in_float64(approximate):
+    from modules.mlps.base import gelu
+
+    torch._dynamo.reset()
+    x = (3 * randn(4, 7, 24, seed=7, dtype=torch.float64)).requires_grad_()
+    dy = randn(4, 7, 24, seed=8, dtype=torch.float64)
+    out, ops = traced_by_dynamo(lambda t: gelu(t, approximate), x)
+    # the tanh form is rewritten as a sigmoid when compiled; the erf form stays F.gelu
+    assert (torch.sigmoid in ops) == (approximate == "tanh") and (F.gelu in ops) == (approximate == "none")
+    xr = x.detach().clone().requires_grad_()
+    ref = F.gelu(xr, approximate=approximate)  # PyTorch's own GELU: the reference
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    (gx,) = torch.autograd.grad(out, x, dy)
+    (rx,) = torch.autograd.grad(ref, xr, dy)
+    torch.testing.assert_close(gx, rx, rtol=1e-12, atol=1e-12)
+    assert torch.equal(gelu(xr, approximate), ref)  # eager: ATen's kernel itself
+
+
+@pytest.mark.parametrize("mlp", ["gelu", "geglu"])
+def test_gelu_mlps_take_the_compiled_form_under_compile(mlp):
+    torch._dynamo.reset()
+    model = GPT(GPTConfig(**{**TINY, "mlp": mlp}))
+    idx = torch.randint(0, 64, (2, 8), generator=gen(9))
+    out, ops = traced_by_dynamo(model, idx)
+    assert torch.sigmoid in ops and F.gelu not in ops
+    torch.testing.assert_close(out, model(idx), rtol=1e-5, atol=1e-5)

@@ -1,7 +1,6 @@
 """GEGLU (Shazeer 2020): SwiGLU with a GELU gate."""
-import torch.nn.functional as F
 
-from modules.mlps.base import GeluOptions
+from modules.mlps.base import GeluOptions, gelu
 from modules.mlps.swiglu import SwiGLUMLP
 from modules.registry import register
 
@@ -11,7 +10,7 @@ class GeGLUMLP(SwiGLUMLP):
     Options = GeluOptions
 
     def gate(self, g):
-        return F.gelu(g, approximate=self.approximate)
+        return gelu(g, self.approximate)
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -1,8 +1,7 @@
 """The GPT-2 MLP: d -> 4d -> GELU -> d."""
-import torch.nn.functional as F
 from torch import nn
 
-from modules.mlps.base import MLP, GeluOptions
+from modules.mlps.base import MLP, GeluOptions, gelu
 from modules.registry import register
 
 
@@ -18,7 +17,7 @@ class GeluMLP(MLP):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def activation(self, h):
-        return F.gelu(h, approximate=self.approximate)
+        return gelu(h, self.approximate)
 
     def forward(self, x):
         return self.dropout(self.c_proj(self.activation(self.c_fc(x))))  # (B, T, C) -> (B, T, H) -> (B, T, C)
