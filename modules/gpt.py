@@ -153,7 +153,8 @@ class GPT(nn.Module):
         if window is None:
             window = cache.window if cache is not None else self.config.window
         mask = self._attn_mask(position_ids, valid, cache, padded, window, consecutive)
-        rot = self.position.rotary(position_ids)  # (cos, sin) each (B, 1, T, dim/2), or None
+        from_zero = consecutive and cache is None and not padded  # position_ids is 0..T-1 in every row
+        rot = self.position.rotary(position_ids, from_zero)  # (cos, sin) each (B or 1, 1, T, dim/2), or None
 
         x = self.wte(idx)  # (B, T, C)
         x = self.drop(self.position.add_to_embedding(x, position_ids))

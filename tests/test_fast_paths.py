@@ -337,3 +337,42 @@ def test_gelu_mlps_take_the_compiled_form_under_compile(mlp):
     out, ops = traced_by_dynamo(model, idx)
     assert torch.sigmoid in ops and F.gelu not in ops
     torch.testing.assert_close(out, model(idx), rtol=1e-5, atol=1e-5)
+
+
+# ---- rope's tables for positions from zero ------------------------------------------------------------------------
+def test_rope_table_rows_are_cos_and_sin_of_position_times_frequency():
+    model = GPT(GPTConfig(**{**TINY, "position": "rope"}))
+    T, half = 48, TINY["n_embd"] // TINY["n_head"] // 2
+    cos, sin = model.position.rotary(torch.arange(T)[None], from_zero=True)
+    assert cos.shape == sin.shape == (1, 1, T, half) and cos.data_ptr() == model.position.cos_table.data_ptr()
+    # RoFormer's angles: position p times theta_i = 10000^(-2i/d), i < d/2, written out in float64
+    p = torch.arange(T, dtype=torch.float64)[:, None]
+    theta = 10000.0 ** (-2 * torch.arange(half, dtype=torch.float64) / (2 * half))
+    torch.testing.assert_close(cos[0, 0].double(), torch.cos(p * theta), rtol=0, atol=2e-6)
+    torch.testing.assert_close(sin[0, 0].double(), torch.sin(p * theta), rtol=0, atol=2e-6)
+
+
+def test_gpt_reads_rope_tables_only_for_positions_from_zero(monkeypatch):
+    from modules.positions.rope import RotaryPosition
+
+    model = GPT(GPTConfig(**{**TINY, "position": "rope"})).eval()
+    computed = []
+    real = RotaryPosition._angles
+    monkeypatch.setattr(RotaryPosition, "_angles", lambda self, pos: computed.append(pos.clone()) or real(self, pos))
+    idx = torch.randint(0, 64, (2, 12), generator=gen(10))
+    with torch.no_grad():
+        full = model(idx)  # training's call: the table
+        assert computed == []
+        padded = model(idx, attention_mask=torch.tensor([[0] * 3 + [1] * 9, [1] * 12]))  # left padding: computed
+        assert len(computed) == 1 and computed[0][0, 3].item() == 0
+        cache = model.new_cache(2)
+        model(idx[:, :7], cache=cache)  # a cache: computed, even from position 0
+        step = model(idx[:, 7:8], cache=cache)
+        assert len(computed) == 3 and computed[-1].tolist() == [[7], [7]]
+    torch.testing.assert_close(step[:, -1], full[:, 7], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded[1], full[1], rtol=1e-5, atol=1e-5)
+    bf16 = GPT(GPTConfig(**{**TINY, "position": "rope"})).to(torch.bfloat16)  # its tables lost the mantissa
+    before = len(computed)  # (building it computed its tables)
+    with torch.no_grad():
+        bf16(idx)
+    assert len(computed) == before + 1

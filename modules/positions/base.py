@@ -53,7 +53,9 @@ class Position(nn.Module):
     def add_to_embedding(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
 
-    def rotary(self, pos: torch.Tensor):
+    def rotary(self, pos: torch.Tensor, from_zero: bool = False):
+        """(cos, sin) for rotary schemes, else None. from_zero: pos is 0..T-1 in every row (the GPT's own positions
+        with no cache and no padding), so a scheme may hand back rows of a table it computed once."""
         return None
 
     def attn_bias(self, pos_q: torch.Tensor, pos_k: torch.Tensor):
