@@ -46,6 +46,7 @@ import torch
 from ablations.cli import Command, Option
 from ablations.bench.paired import ORDER, PATH_RULES, TOOL, PairedError, measure
 from ablations.malloc import keep_freed_memory
+from ablations.tracking import git_state
 
 
 def parse_arm(text: str) -> tuple[str, list[str]]:
@@ -62,7 +63,7 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
 
 
 HISTORY_KEYS = ("date", "command", "device_name", "precision", "path_rule", "threads", "torch", "rounds",
-                "steps_per_round", "load_average_start", "load_average_end", "kernels")
+                "steps_per_round", "load_average_start", "load_average_end", "kernels", "git_commit")
 HISTORY_ARM_KEYS = ("name", "overrides", "path", "compiled", "median_tokens_per_sec", "ratio", "ratio_ci_low",
                     "ratio_ci_high")
 
@@ -158,6 +159,8 @@ def main(argv=None) -> int:
         print(f"ablations.paired: error: {exc}", file=sys.stderr)
         return 2
     res["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+    git = git_state()  # the code measured: a figure of our implementation is a figure of one commit
+    res["git_commit"] = git["git_commit"] + (" (dirty)" if git["git_dirty"] == "true" else "")
     if history:
         res["history"] = history
     res["command"] = "python -m ablations.paired " + " ".join(shlex.quote(a) for a in argv)

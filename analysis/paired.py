@@ -59,7 +59,7 @@ def paired_blocks(res: dict | None, path: str | None) -> list:
                    f"rounds of {res.get('steps_per_round')} training steps (forward, backward, clipping, AdamW) of "
                    f"{res.get('tokens_per_step')} tokens each; model `{res.get('model')}`, "
                    f"{res.get('precision')} on {res.get('device')} ({res.get('device_name')}, {res.get('threads')} "
-                   f"threads), torch {res.get('torch')}; load average {_load(res.get('load_average_start'))} → "
+                   f"threads), torch {res.get('torch')}{_commit(res)}; load average {_load(res.get('load_average_start'))} → "
                    f"{_load(res.get('load_average_end'))}. Ratio: per round, arm tokens/s ÷ `{ref}` tokens/s in the same "
                    "round; geometric mean over rounds with a 95% t interval on the log ratios. Command: "
                    f"`{res.get('command', 'python -m ablations.paired')}`."))
@@ -103,7 +103,7 @@ def history_blocks(history: list[dict], ref: str) -> list:
     if not history:
         return []
     names = list(dict.fromkeys(a["name"] for h in history for a in h["arms"]))
-    cols = [f"{h.get('date') or 'undated'}: {h.get('device_name')}, {h.get('precision')}, "
+    cols = [f"{h.get('date') or 'undated'}{_commit(h)}: {h.get('device_name')}, {h.get('precision')}, "
             f"{'paths: ' + h['path_rule'] if h.get('path_rule') else 'as configured (eager unless compile=true)'}"
             for h in history]
     rows = [[f"`{n}`", *(next((_ratio(a, ref) for a in h["arms"] if a["name"] == n), "–") for h in history)]
@@ -112,6 +112,12 @@ def history_blocks(history: list[dict], ref: str) -> list:
                   f"`{ref}` [95% CI] in each. Their commands: " +
                   "; ".join(f"`{h.get('command')}`" for h in history) + "."),
             ("table", ["arm", *cols], rows)]
+
+
+def _commit(res: dict) -> str:
+    """", commit 1234abc" for a measurement that recorded the code it measured (ablations.paired since 2026-12-04)."""
+    commit = res.get("git_commit")
+    return f", commit {commit[:7]}{commit[40:]}" if commit else ""
 
 
 def _load(value) -> str:

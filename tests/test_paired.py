@@ -3,6 +3,8 @@ tiny model (interleaved rounds, JSON; its main in this process), the JSON shown 
 --paired, and bad input."""
 import json
 import math
+import subprocess
+from pathlib import Path
 
 import pytest
 from commands_testing import run_main
@@ -198,6 +200,12 @@ def test_interleaved_rounds_and_json(measured):
     assert comp["warmup_sec"]["compile"] > 0 and "compile" not in base["warmup_sec"]  # the compile's first steps
     assert comp["params"] == base["params"] and comp["loss_last"] == pytest.approx(base["loss_last"], rel=2e-3)
     assert res["command"].startswith("python -m ablations.paired model=tiny")
+    # the code it measured: git's own answer for this checkout, " (dirty)" with uncommitted changes
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    assert res["git_commit"] == head + (" (dirty)" if dirty else "")
     assert "round 3/3" in r.stderr and "x" in r.stdout.splitlines()[2]
 
 
@@ -290,6 +298,12 @@ def test_report_labels_each_arms_path_and_keeps_the_history():
     assert table[1][1] == ["arm", "undated: Xeon, bf16-mixed, as configured (eager unless compile=true)"]
     assert table[1][2] == [["`base`", "reference"], ["`rope`", "×0.822 [0.812, 0.832]"]]
     assert "`old cmd`" in text
+    # the commit measured, where the file recorded it (a new measurement and its history alike)
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    res.update(git_commit=sha + " (dirty)", history=[{**old, "date": "2026-12-04", "git_commit": sha}])
+    blocks = paired_blocks(res, "p.json")
+    assert ", commit 0123456 (dirty); load average" in blocks[1][1]
+    assert [blk for blk in blocks if blk[0] == "table"][1][1][1].startswith("2026-12-04, commit 0123456: Xeon")
 
 
 def test_history_keeps_the_earlier_figures_and_their_own_history(tmp_path):
