@@ -101,11 +101,14 @@ class GPT(nn.Module):
                        window=self.config.window if window is None else window, max_len=self.config.block_size)
 
     # ------------------------------------------------------------------------------------------------------
-    def _attn_mask(self, pos, valid, cache, padded: bool, window: int | None = None, consecutive: bool = False):
+    def _attn_mask(self, pos, valid, cache, padded: bool, window: int | None = None, consecutive: bool = False,
+                   from_zero: bool = False):
         """The mask every layer uses for this call, built once: bool (B, 1, T, S), or a float bias with -inf where
-        masked (B, nh, T, S) when the position scheme adds one (alibi, t5bias), or None for plain causal attention.
+        masked (B, nh, T, S) when the position scheme adds one (alibi, t5bias), or None for plain causal attention;
+        B is 1 where every row's positions are 0..T-1.
         window: the band width (None: the attention's own, config.window).
-        consecutive: the positions are this call's column indices plus a constant (default position ids)."""
+        consecutive: the positions are this call's column indices plus a constant (default position ids).
+        from_zero: they are 0..T-1 in every row (no cache, no padding)."""
         cfg = self.config
         window = cfg.window if window is None else window
         past = 0 if cache is None else cache.seq_len
@@ -116,6 +119,10 @@ class GPT(nn.Module):
                                         and cfg.variant("attention").applies_own_window(cfg))
         if past == 0 and not padded and own_window and not self.position.adds_attn_bias:
             return None  # SDPA's is_causal fast path, or the attention's own band
+        if from_zero:
+            # positions 0..T-1 in every row (training's calls): one row's mask, broadcast by SDPA over the batch,
+            # where B identical (B, nh, T, S) biases cost B times the building and every layer's reading
+            pos, valid = pos[:1], valid[:1]
         B, T = pos.shape
         key_pos = pos if cache is None else torch.cat((cache.key_pos, pos), dim=1)          # (B, S)
         key_valid = valid if cache is None else torch.cat((cache.key_valid, valid), dim=1)  # (B, S)
@@ -152,8 +159,8 @@ class GPT(nn.Module):
         padded = attention_mask is not None and not bool(valid.all())
         if window is None:
             window = cache.window if cache is not None else self.config.window
-        mask = self._attn_mask(position_ids, valid, cache, padded, window, consecutive)
         from_zero = consecutive and cache is None and not padded  # position_ids is 0..T-1 in every row
+        mask = self._attn_mask(position_ids, valid, cache, padded, window, consecutive, from_zero)
         rot = self.position.rotary(position_ids, from_zero)  # (cos, sin) each (B or 1, 1, T, dim/2), or None
 
         x = self.wte(idx)  # (B, T, C)

@@ -376,3 +376,30 @@ def test_gpt_reads_rope_tables_only_for_positions_from_zero(monkeypatch):
     with torch.no_grad():
         bf16(idx)
     assert len(computed) == before + 1
+
+
+# ---- one row's bias for positions from zero (alibi, t5bias) ------------------------------------------------------
+@pytest.mark.parametrize("position", ["alibi", "t5bias"])
+def test_bias_of_one_row_for_positions_from_zero_matches_every_rows_own(position, monkeypatch):
+    model = GPT(GPTConfig(**{**TINY, "position": position}))
+    masks = []
+    real = GPT._attn_mask
+    monkeypatch.setattr(GPT, "_attn_mask", lambda self, *a: masks.append(real(self, *a)) or masks[-1])
+    idx = torch.randint(0, 64, (3, 16), generator=gen(11))
+    fast = model(idx)  # positions from zero: one row's bias, broadcast over the batch
+    assert masks[-1].shape == (1, TINY["n_head"], 16, 16)
+    fast.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    rows = model(idx, position_ids=torch.arange(16).expand(3, 16))  # the same positions, given: a bias per row
+    assert masks[-1].shape == (3, TINY["n_head"], 16, 16)
+    torch.testing.assert_close(masks[0].expand(3, -1, -1, -1), masks[-1])
+    torch.testing.assert_close(fast, rows, rtol=1e-6, atol=1e-6)
+    rows.square().mean().backward()
+    for n, p in model.named_parameters():  # t5bias's learned table included: its gradient sums over the batch
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-5, atol=1e-7, msg=n)
+    # one query per row under grouped heads (sdpa's decoding form) takes the one-row bias too
+    gqa = GPT(GPTConfig(**{**TINY, "position": position}, attention={"name": "gqa", "n_kv_head": 2}))
+    one = idx[:, :1]
+    torch.testing.assert_close(gqa(one), gqa(one, position_ids=torch.zeros(3, 1, dtype=torch.long)))
+    assert masks[-2].shape == (1, TINY["n_head"], 1, 1) and masks[-1].shape == (3, TINY["n_head"], 1, 1)

@@ -105,7 +105,8 @@ def sdpa(q, k, v, mask, dropout_p: float, scale: float | None = None):
         # mask None with T = 1 means one key (no cache), so the rows need no mask at all.
         g = nh // nkv
         if mask is not None and mask.dim() == 4 and mask.size(1) != 1:
-            mask = mask.reshape(B, nkv, g, mask.size(-1))  # a per-head bias: (B, nh, 1, S) -> (B, nkv, g, S)
+            # a per-head bias: (B, nh, 1, S) -> (B, nkv, g, S), B = 1 where every row's positions are the same
+            mask = mask.reshape(mask.size(0), nkv, g, mask.size(-1))
         y = F.scaled_dot_product_attention(q.reshape(B, nkv, g, q.size(-1)), k, v, attn_mask=mask,
                                            dropout_p=dropout_p, scale=scale)  # (B, nkv, g, dv)
         return y.reshape(B, nh, 1, v.size(-1))
