@@ -59,9 +59,10 @@ def paired_blocks(res: dict | None, path: str | None) -> list:
                    f"rounds of {res.get('steps_per_round')} training steps (forward, backward, clipping, AdamW) of "
                    f"{res.get('tokens_per_step')} tokens each; model `{res.get('model')}`, "
                    f"{res.get('precision')} on {res.get('device')} ({res.get('device_name')}, {res.get('threads')} "
-                   f"threads), torch {res.get('torch')}{_commit(res)}; load average {_load(res.get('load_average_start'))} → "
-                   f"{_load(res.get('load_average_end'))}. Ratio: per round, arm tokens/s ÷ `{ref}` tokens/s in the same "
-                   "round; geometric mean over rounds with a 95% t interval on the log ratios. Command: "
+                   f"threads), torch {res.get('torch')}{_commit(res)}; load average "
+                   f"{_load(res.get('load_average_start'))} → {_load(res.get('load_average_end'))}. Ratio: per "
+                   f"round, arm tokens/s ÷ `{ref}` tokens/s in the same round; geometric mean over rounds with a "
+                   "95% t interval on the log ratios. Command: "
                    f"`{res.get('command', 'python -m ablations.paired')}`."))
     if res.get("path_rule"):
         kernels = "; ".join(f"{k}: {v}" for k, v in (res.get("kernels") or {}).items())

@@ -41,8 +41,8 @@ _S3 = 0.044715 * _S1
 def gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """F.gelu, except the tanh form under torch.compile, written as x * sigmoid(...): inductor fuses that (and its
     derivative) into one vectorised loop each way, where its lowering of F.gelu(tanh), like ATen's own CPU kernel,
-    runs ~2.5x slower, forward and backward, than a pass over memory (~15% of a small-cpu step; docs/bench.md). In
-    eager the formula would be five kernels, so ATen's one kernel stays."""
+    took 2.5x as long forward and backward (a compiled small-cpu step x1.15 faster with this form; docs/bench.md,
+    "An AMX Xeon"). In eager the formula would be five kernels, so ATen's one kernel stays."""
     if approximate == "tanh" and torch.compiler.is_compiling():
         return x * torch.sigmoid(x * (_S1 + _S3 * x * x))
     return F.gelu(x, approximate=approximate)
