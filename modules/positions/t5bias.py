@@ -50,4 +50,6 @@ class T5BiasPosition(Position):
     def attn_bias(self, pos_q, pos_k):
         n = (pos_q[:, :, None] - pos_k[:, None, :]).clamp(min=0)  # (B, Tq, Tk); future keys are masked anyway
         bucket = relative_bucket(n, self.num_buckets, self.max_distance)
-        return self.rel_bias(bucket).float().permute(0, 3, 1, 2)  # (B, nh, Tq, Tk)
+        # gathered head-first, so each head's (Tq, Tk) scores are contiguous: the lookup then permute gave a view
+        # strided by nh, which the compiled softmax read element by element (3 ms a layer at small-cpu's shapes)
+        return self.rel_bias.weight.float().t()[:, bucket].transpose(0, 1)  # (nh, B, Tq, Tk) -> (B, nh, Tq, Tk)
