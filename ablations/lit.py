@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 
+from .compiling import compile_model
 from .errors import DivergenceError
 from .schedule import build_lr_lambda
 
@@ -112,7 +113,7 @@ class LitGPT(pl.LightningModule):
             atexit.register(_destroy_process_group)
         if self.compile_model and self._compiled is None:
             # not registered as a submodule: state_dict keys stay those of the eager model
-            object.__setattr__(self, "_compiled", torch.compile(self.model))
+            object.__setattr__(self, "_compiled", compile_model(self.model))
 
     def configure_model(self):
         # ModelParallelStrategy calls this on every rank once its device mesh exists (ablations/sharding.py)

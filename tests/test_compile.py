@@ -53,3 +53,33 @@ def test_compiled_training_matches_eager(tmp_path, shakespeare_path, one_thread)
     for (step, x), (_, y) in zip(a, b):
         assert y == pytest.approx(x, rel=1e-4, abs=1e-5), step
     assert compiled["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-4)
+
+
+def test_compile_model_keeps_every_models_compiled_version():
+    """Many models of one class compiled in one process (the paired arms, a multirun's jobs): past dynamo's own
+    limit the 9th and later run eager; through compile_model each is compiled (a counting backend: no inductor)."""
+    from torch import nn
+
+    from ablations.compiling import compile_model
+
+    class Block(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.lin = nn.Linear(width, width)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+
+    def compiled_models(n, compile_fn):
+        torch._dynamo.reset()
+        seen = []
+        for i in range(n):
+            m = compile_fn(Block(4 + i), backend=lambda gm, ex: seen.append(gm) or gm.forward)
+            m(torch.randn(2, 4 + i))
+        return len(seen)
+
+    # dynamo's defaults, whatever earlier tests in this process compiled; restored after
+    with torch._dynamo.config.patch(recompile_limit=8, accumulated_recompile_limit=256):
+        assert compiled_models(12, torch.compile) < 12  # the limit guarded against (if torch drops it, this fails)
+        assert compiled_models(12, compile_model) == 12
+    torch._dynamo.reset()

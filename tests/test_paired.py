@@ -321,32 +321,3 @@ def test_history_keeps_the_earlier_figures_and_their_own_history(tmp_path):
     assert h[0]["arms"][1]["ratio"] == 0.822 and h[0]["arms"][1]["ratio_ci_low"] == 0.797
     assert "tokens_per_sec" not in h[0]["arms"][0]  # the summary, not the rounds
 
-
-def test_room_to_compile_keeps_every_models_compiled_version():
-    """Many models of one class compiled in one process (the paired arms): dynamo's own limit makes the 9th and
-    later run eager; within room_to_compile each is compiled (a counting backend: no inductor, cheap)."""
-    import torch
-    from torch import nn
-
-    from ablations.bench.paired import room_to_compile
-
-    class Block(nn.Module):
-        def __init__(self, width):
-            super().__init__()
-            self.lin = nn.Linear(width, width)
-
-        def forward(self, x):
-            return torch.relu(self.lin(x))
-
-    def compiled_models(n):
-        torch._dynamo.reset()
-        seen = []
-        for i in range(n):
-            m = torch.compile(Block(4 + i), backend=lambda gm, ex: seen.append(gm) or gm.forward)
-            m(torch.randn(2, 4 + i))
-        return len(seen)
-
-    assert compiled_models(12) < 12  # the limit this guards against (if torch drops it, this says so)
-    with room_to_compile(12):
-        assert compiled_models(12) == 12
-    torch._dynamo.reset()

@@ -8,7 +8,6 @@ training step (ablations.bench.train.BareTrainer) cannot honour is refused with 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from statistics import median
@@ -170,21 +169,6 @@ def _first_steps(tr, n: int, device: str) -> float:
     return time.perf_counter() - t0
 
 
-@contextlib.contextmanager
-def room_to_compile(models: int):
-    """Dynamo keeps at most `recompile_limit` (8) compiled versions of one function, and every arm's model runs the
-    same GPT.forward: past the limit a further model silently runs eager. Room for `models` models here (a few
-    versions each: train mode, first-step re-traces), the old limits restored after. (Before this, a 13-arm
-    `bench only=roofline compile=true` timed its last arms eagerly under the compile label.)"""
-    import torch._dynamo
-
-    cfg = torch._dynamo.config
-    room = 4 * models
-    with cfg.patch(recompile_limit=cfg.recompile_limit + room,
-                   accumulated_recompile_limit=cfg.accumulated_recompile_limit + room):
-        yield
-
-
 def choose_paths(trainers: list[tuple], steps: int, rounds: int, log=print) -> list[tuple]:
     """For every arm with two candidates ({"eager": tr, "compile": tr}), time both side by side in `rounds`
     rounds of `steps` steps (alternating which goes first) and keep the faster by the median of the per-round
@@ -222,11 +206,6 @@ def measure(model: str | None, arms: list[tuple[str, list[str]]], steps: int, ro
     """Build every arm with its own device, precision, batch size and context, then time `steps` training steps
     per arm per round over `rounds` interleaved rounds. path "fastest": each arm on the faster of eager and
     compiled, chosen by a paired probe of `probe_rounds` rounds (`choose_paths`); "configured": as its config says."""
-    with room_to_compile(len(arms)):
-        return _measure(model, arms, steps, rounds, warmup, device, log, path, probe_rounds)
-
-
-def _measure(model, arms, steps, rounds, warmup, device, log, path, probe_rounds) -> dict:
     trainers = _build(_compose_arms(model, arms, torch.get_num_threads()), device, steps, warmup, path)
     notes = emulated_notes([(name, s) for name, *_, s, _ in trainers])
     for line in notes.values():

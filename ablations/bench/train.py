@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ablations.compiling import compile_model
 from modules.errors import ConfigError
 
 from .core import Bench, Figures, Section, build_model, fmt, section
@@ -69,7 +70,7 @@ class BareTrainer:
         self.lr, self.warmup = float(optim["lr"]), warmup_steps
         self.opt = torch.optim.AdamW(groups, lr=self.lr, betas=tuple(optim["betas"]), eps=float(optim["eps"]),
                                      fused=True)
-        self.fwd = torch.compile(self.model) if compiled else self.model
+        self.fwd = compile_model(self.model) if compiled else self.model
         dev_type = torch.device(device).type
         self.autocast = (lambda: torch.autocast(dev_type, dtype=torch.bfloat16)) if precision == "bf16-mixed" \
             else contextlib.nullcontext
