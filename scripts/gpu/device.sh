@@ -14,7 +14,7 @@
 # `bash scripts/gpu/device.sh --paired` (carry [".gpu"], timeout_s 540) instead measures the known-results paired
 # throughput table on the GPU (docs/bench.md, "Each arm on its fastest path"): ablations.paired path=fastest, every
 # arm on the faster of eager and torch.compile by a paired probe, labelled; $OUT/paired.json and device.log. Not yet
-# run on a GPU (nor rehearsed: the rehearsal venv needs prepare.sh's scipy wheel).
+# run on a GPU; rehearsed by `scripts/gpu/rehearse.sh --paired`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu_bench_out}
@@ -33,9 +33,8 @@ rm -rf "$SITE"
 # what the image lacks, offline and without resolving anything: its torch, numpy, pyyaml, tiktoken stay as they are
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --upgrade \
   --target "$SITE" .gpu/wheels/*.whl
-if [[ ${1:-} == --paired ]] && ! "$PY" -c "import scipy" 2>/dev/null; then  # the image may lack it
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --upgrade \
-    --target "$SITE" .gpu/wheels-binary/*.whl
+if [[ ${1:-} == --paired ]] && ! "$PY" -c "import scipy" 2>/dev/null; then  # the image has it (KINDS.md)
+  echo "device.sh: --paired needs scipy (the paired table's t intervals), which this python lacks" >&2; exit 2
 fi
 export PYTHONPATH=$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHON=$PY
 export TIKTOKEN_CACHE_DIR=$PWD/.gpu/tiktoken-cache HF_HUB_OFFLINE=1

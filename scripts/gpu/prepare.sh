@@ -4,7 +4,6 @@
 #   .gpu/wheels/          hydra-core, omegaconf, antlr4-python3-runtime: pure-Python wheels for the image's Python
 #                         3.12 (the image has torch 2.11.0+cu130, numpy, pyyaml, packaging, tiktoken 0.14, lightning;
 #                         not Hydra, OmegaConf or MLflow; it has no network)
-#   .gpu/wheels-binary/   scipy for CPython 3.12 x86-64 (`device.sh --paired`: the paired table's t intervals)
 #   .gpu/tiktoken-cache/  the GPT-2 BPE files (tokenizer=gpt2), from shared/ (../shared does not travel)
 # Then `bash scripts/gpu/rehearse.sh` runs the device command on this CPU as the device would (docs/bench.md, GPU).
 set -euo pipefail
@@ -21,16 +20,13 @@ PY=${PYTHON:-python3}
 for w in .gpu/wheels/*.whl; do
   [[ $w == *-py3-none-any.whl || $w == *-py2.py3-none-any.whl ]] || { echo "prepare.sh: $w is not pure Python" >&2; exit 1; }
 done
-# scipy (ablations.paired's t intervals; `device.sh --paired`): a CPython 3.12 x86-64 binary wheel, in its own folder
-# so that the pure-Python check above stays what it says (~35 MB of the tool's 64 MiB)
-mkdir -p .gpu/wheels-binary
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/wheels-binary "scipy==1.17.1"
+# not scipy (ablations.paired's t intervals): the image has it (KINDS.md's package list), and its 35 MB wheel beside the
+# tracked files' ~55 MiB (reports/' stores) would put the call over the tool's 64 MiB
 for d in shared/tiktoken-cache ../shared/tiktoken-cache; do
   [[ -d $d ]] && { cp -r "$d" .gpu/tiktoken-cache; break; }
 done
 [[ -d .gpu/tiktoken-cache ]] || { echo "prepare.sh: no shared/tiktoken-cache in or beside the checkout" >&2; exit 1; }
 git check-ignore -q .gpu || { echo "prepare.sh: .gpu is not ignored by git" >&2; exit 1; }
-ls -l .gpu/wheels .gpu/wheels-binary .gpu/tiktoken-cache
+ls -l .gpu/wheels .gpu/tiktoken-cache
 du -sh .gpu
 echo "prepare.sh: now bash scripts/gpu/rehearse.sh; on the device: run command 'bash scripts/gpu/device.sh' carry [\".gpu\"] timeout_s 540"
