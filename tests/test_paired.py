@@ -175,6 +175,25 @@ def measured(tmp_path_factory):
     return out, json.loads(out.read_text()), r
 
 
+def test_the_model_named_is_the_one_each_arm_resolved_to():
+    """An arm's own model= (or its experiment's) overrides the command's model=: each arm records the preset Hydra
+    chose for it, and the file's model is theirs, not the command's (an H200 run of gpt2-124m arms on the command's
+    default printed small-cpu in its header)."""
+    from ablations.bench.paired import _compose_arms, _shared
+
+    composed = _compose_arms("tiny", [("a", []), ("b", ["model=baby"]), ("c", ["model=baby", "norm=rmsnorm"])], 1)
+    assert [c[-1] for c in composed] == ["tiny", "baby", "baby"]
+    assert [c[3]["n_embd"] for c in composed[:2]] == [compose_model("tiny"), compose_model("baby")]
+    arms = [{"name": c[0], "model": c[-1]} for c in composed]
+    assert _shared(arms, "model") == "a tiny, b baby, c baby" and _shared(arms[1:], "model") == "baby"
+
+
+def compose_model(name):
+    import yaml
+
+    return yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml").read_text())["n_embd"]
+
+
 @pytest.mark.slow
 def test_interleaved_rounds_and_json(measured):
     _, res, r = measured
@@ -200,6 +219,7 @@ def test_interleaved_rounds_and_json(measured):
     assert comp["warmup_sec"]["compile"] > 0 and "compile" not in base["warmup_sec"]  # the compile's first steps
     assert comp["params"] == base["params"] and comp["loss_last"] == pytest.approx(base["loss_last"], rel=2e-3)
     assert res["command"].startswith("python -m ablations.paired model=tiny")
+    assert res["model"] == "tiny" and {a["model"] for a in res["arms"]} == {"tiny"}
     # the code it measured: git's own answer for this checkout, " (dirty)" with uncommitted changes
     root = Path(__file__).resolve().parents[1]
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()

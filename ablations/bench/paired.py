@@ -14,10 +14,10 @@ from statistics import median
 
 import torch
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ablations.compose import compose
+from ablations.compose import CONF_DIR, compose, compose_here, config_dir
 from ablations.inference_timing import sync
 from ablations.malloc import describe as malloc_mode
 from ablations.repro import cpu_model
@@ -83,19 +83,30 @@ def _check_honoured(name: str, cfg, base: dict, threads: int) -> None:
                               f"honour it; {fix}")
 
 
+def _compose_arm(overrides: list[str]):
+    """An arm's config and the model preset it resolved to: the arm's own `model=`, its experiment's, or the
+    command's (an arm's `model=gpt2-124m` overrides the command's `model=`, so the command's is not the arms')."""
+    with config_dir(CONF_DIR):
+        cfg = compose_here(overrides, hydra_config=True)
+    preset = cfg.hydra.runtime.choices.get("model")
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, preset
+
+
 def _compose_arms(model: str | None, arms: list[tuple[str, list[str]]], threads: int):
     preset = [f"model={model}"] if model else []  # None: conf/config.yaml's default model
     base = _leaves(compose(preset))
     out = []
     for name, overrides in arms:
         try:
-            cfg = compose([*preset, *overrides])
+            cfg, model_preset = _compose_arm([*preset, *overrides])
         except (HydraException, OmegaConfBaseException) as exc:
             line = " ".join(str(exc).split()) or type(exc).__name__  # Hydra lists the valid options on more lines
             raise PairedError(f"arm {name!r}: {line}") from None
         _check_honoured(name, cfg, base, threads)
-        out.append((name, overrides, cfg, model_dict(cfg)))
-    vocabs = {m["vocab_size"] for _, _, _, m in out}
+        out.append((name, overrides, cfg, model_dict(cfg), model_preset))
+    vocabs = {m["vocab_size"] for _, _, _, m, _ in out}
     if len(vocabs) > 1:
         raise PairedError(f"arms differ in vocab_size: {sorted(vocabs)}; tokens/s of different tokenizers do not "
                           "compare: pair arms with the same tokenizer")
@@ -129,9 +140,10 @@ def _build(composed, device: str | None, steps: int, warmup: int, path: str = "c
     """Each arm's trainer on its own device and precision, stepping through batches of its own batch size and
     context (arms that share them share the batches). path "fastest": an arm not set to compile=true gets both
     candidates, eager and compiled, as {"eager": trainer, "compile": trainer}; `choose_paths` keeps one."""
-    settings = [arm_setting(name, cfg, device) for name, _, cfg, _ in composed]  # every refusal before building
+    settings = [arm_setting(name, cfg, device) for name, _, cfg, *_ in composed]  # every refusal before building
     batches, trainers = {}, []
-    for (name, overrides, cfg, mcfg), s in zip(composed, settings):
+    for (name, overrides, cfg, mcfg, model_preset), s in zip(composed, settings):
+        s["model"] = model_preset
         key = (mcfg["vocab_size"], s["batch_size"], s["block_size"])
         if key not in batches:
             batches[key] = training_batches(*key, max(steps + warmup, 8), seed=0)
@@ -237,8 +249,8 @@ def measure(model: str | None, arms: list[tuple[str, list[str]]], steps: int, ro
                          "median_tokens_per_sec": median(rates[name]), **ratio_summary(rates[ref], rates[name]),
                          "loss_last": float(tr.losses[-1])})
     devices = {a["device"] for a in arms_out}
-    return {"tool": TOOL, "version": 2, "model": model,
-            **{k: _shared(arms_out, k) for k in ("device", "precision", "precision_reason", "batch_size",
+    return {"tool": TOOL, "version": 2,
+            **{k: _shared(arms_out, k) for k in ("model", "device", "precision", "precision_reason", "batch_size",
                                                    "block_size", "tokens_per_step", "batches")},
             "device_name": ", ".join(torch.cuda.get_device_name() if d.startswith("cuda") else cpu_model()
                                      for d in sorted(devices)),
