@@ -160,6 +160,22 @@ def test_which_path_rmsnorm_takes(monkeypatch):
     assert counting.calls == 2
 
 
+def test_off_the_cpu_rmsnorm_is_pytorchs_own(monkeypatch):
+    """On an accelerator RMSNorm is F.rms_norm (a fused CUDA kernel; inductor fuses its decomposition), in x's dtype
+    with an fp32 weight; the CPU keeps its own paths. The meta device stands in for CUDA (no GPU in the suite); the
+    H200 measurement is in docs/bench.md."""
+    import modules.norms.rmsnorm as rmsnorm_module
+
+    calls = []
+    real = F.rms_norm
+    monkeypatch.setattr(rmsnorm_module.F, "rms_norm", lambda *a, **k: calls.append(a[0].device.type) or real(*a, **k))
+    w = torch.randn(32)
+    rms_norm(torch.randn(4, 8, 32), w, 1e-5)
+    assert calls == []
+    y = rms_norm(torch.randn(4, 8, 32, device="meta", dtype=torch.bfloat16), w.to("meta"), 1e-5)
+    assert calls == ["meta"] and y.dtype == torch.bfloat16 and y.shape == (4, 8, 32)
+
+
 def test_fp32_activations_with_a_bf16_weight_take_the_op_by_op_path(monkeypatch):
     """The kernel is fp32 only: an fp32 residual stream normalised by a bf16 weight (a model cast to bf16 whose
     activations are fp32) goes op by op, in fp32, against F.rms_norm in float64 of the same (bf16-rounded) weight;

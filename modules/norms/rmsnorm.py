@@ -3,15 +3,19 @@
     y = x / sqrt(mean(x^2) + eps) * weight
 
 On CPU in fp32 (the residual stream, under bf16-mixed too) it runs a fused kernel (`modules/kernels/rms_norm.py`:
-one pass per row each way, as LayerNorm's kernels do). Elsewhere, or where that kernel cannot be built, `_RMSNormFn`
-computes the same maths op by op: one reduction and two multiplies forward, saving only x and the per-row rstd, and
-a backward through PyTorch's fused LayerNorm backward kernel: that kernel, given mean = 0 and our rstd, computes
-rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight, xhat = x * rstd, and the weight gradient sum(dy *
-xhat); RMSNorm's input gradient lacks the mean(g) term (nothing is centred), so it is added back: one matrix-vector
-product and one broadcast add. Written as the four element-wise ops of the formula instead, autograd keeps four
-activations and runs about ten kernels (F.rms_norm is that composite on CPU); figures: ablations.bench --only norms.
+one pass per row each way, as LayerNorm's kernels do). On an accelerator it is PyTorch's F.rms_norm (a fused CUDA
+kernel eager; compiled, inductor fuses its decomposition): through `_RMSNormFn`, compiled gpt2-124m trained ×0.945
+[0.928, 0.963] of LayerNorm on an H200, through F.rms_norm ×1.051 [0.975, 1.134] (docs/bench.md, GPU). Elsewhere on
+CPU, or where that kernel cannot be built, `_RMSNormFn` computes the same maths op by op: one reduction and two
+multiplies forward, saving only x and the per-row rstd, and a backward through PyTorch's fused LayerNorm backward
+kernel: that kernel, given mean = 0 and our rstd, computes rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy
+* weight, xhat = x * rstd, and the weight gradient sum(dy * xhat); RMSNorm's input gradient lacks the mean(g) term
+(nothing is centred), so it is added back: one matrix-vector product and one broadcast add. Written as the four
+element-wise ops of the formula instead, autograd keeps four activations and runs about ten kernels (F.rms_norm is
+that composite on CPU); figures: ablations.bench --only norms.
 """
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from modules.kernels import rms_norm as rms_kernel
@@ -73,6 +77,9 @@ def _fused_kernel(x: torch.Tensor, weight: torch.Tensor):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = True) -> torch.Tensor:
     """x / sqrt(mean(x^2, -1) + eps) * weight, statistics in (at least) fp32, output in x's dtype. fused=False: the
     op-by-op path even where the fused kernel applies (the bench and the tests compare the two)."""
+    if x.device.type != "cpu":  # PyTorch's own (fp32 statistics for bf16 x): fused eager, and by inductor compiled
+        y = F.rms_norm(x, (x.size(-1),), weight if weight.dtype == x.dtype else weight.to(x.dtype), eps)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
     k = _fused_kernel(x, weight) if fused else None
     return k.rms_norm(x, weight, eps) if k is not None else _RMSNormFn.apply(x, weight, eps)
 
