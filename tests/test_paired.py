@@ -183,15 +183,16 @@ def test_the_model_named_is_the_one_each_arm_resolved_to():
 
     composed = _compose_arms("tiny", [("a", []), ("b", ["model=baby"]), ("c", ["model=baby", "norm=rmsnorm"])], 1)
     assert [c[-1] for c in composed] == ["tiny", "baby", "baby"]
-    assert [c[3]["n_embd"] for c in composed[:2]] == [compose_model("tiny"), compose_model("baby")]
+    assert [c[3]["n_embd"] for c in composed[:2]] == [_n_embd_of("tiny"), _n_embd_of("baby")]
     arms = [{"name": c[0], "model": c[-1]} for c in composed]
     assert _shared(arms, "model") == "a tiny, b baby, c baby" and _shared(arms[1:], "model") == "baby"
 
 
-def compose_model(name):
+def _n_embd_of(name):
     import yaml
 
-    return yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml").read_text())["n_embd"]
+    conf = Path(__file__).resolve().parents[1] / "conf" / "model"
+    return yaml.safe_load((conf / f"{name}.yaml").read_text())["n_embd"]
 
 
 @pytest.mark.slow
