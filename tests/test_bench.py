@@ -283,3 +283,41 @@ def test_malloc_section_runs_each_arm_in_its_own_process(tmp_path):
         assert fig["mode"]["kept"].startswith("glibc, freed memory kept")
         assert positive(fig["ratio"]) and len(fig["tokens_per_sec"]["kept"]) == 1
         assert all(v >= 0 for v in [*fig["faults_per_step_median"].values(), *fig["kernel_sec_per_step_median"].values()])
+
+
+def test_gelu_section_pairs_the_kernel_with_atens_gelu(tmp_path, monkeypatch):
+    """only=gelu: the activation's forward and backward in each form and dtype, and eager training with the kernel
+    paired against ATen's gelu; the kernel is what the kernel arm's model calls and not the other's."""
+    from modules.kernels import gelu_tanh as gelu_kernel
+
+    ops = gelu_kernel.kernel()
+    calls = {"n": 0}
+
+    class Counting:
+        def gelu_tanh(self, x):
+            calls["n"] += 1
+            return ops.gelu_tanh(x)
+
+    import ablations.bench.gelu as section
+
+    monkeypatch.setitem(gelu_kernel.KERNEL.built, "module", Counting())
+    items = section.kernel_items
+    monkeypatch.setattr(section, "kernel_items", lambda n, h, _: items(n, h, ops))  # the rounds' calls not counted
+    out = tmp_path / "b.json"
+    assert run_bench(["model=tiny", "--only", "gelu", "--steps", "2", "--rounds", "1", "--window", "0.05",
+                      "--json", str(out)]) == 0
+    g = json.loads(out.read_text())["gelu"]
+    assert set(g["kernel_ms"]) == {"fp32", "bf16"}
+    assert all(positive(v) for ms in g["kernel_ms"].values() for v in ms.values())
+    assert set(g["paired"]) and set(g["paired"]) <= {"32-true", "bf16-mixed"}
+    for p in g["paired"].values():
+        assert positive(p["ratio"]) and len(p["tokens_per_sec"]["kernel"]) == len(p["tokens_per_sec"]["aten"]) == 2
+    # tiny: 2 layers; per precision 1 untimed call and 2 rounds of 2 steps, one gelu call per layer per step, in the
+    # kernel arm alone (both arms through the kernel would be twice as many)
+    assert calls["n"] == len(g["paired"]) * 3 * 2 * 2
+    assert gelu_kernel.KERNEL.built["module"].__class__ is Counting  # the arm's swap is undone
+
+
+def test_gelu_section_refuses_another_mlp(capsys):
+    with pytest.raises(SystemExit, match="only=gelu needs mlp=gelu"):
+        run_bench(["model=tiny", "mlp=swiglu", "--only", "gelu"])

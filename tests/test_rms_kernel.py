@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from modules.kernels import build
 from modules.kernels import rms_norm as rms_kernel
 from modules.norms.rmsnorm import rms_norm
 
@@ -20,14 +21,14 @@ def test_the_kernels_cpp_is_package_data():
 
     root = Path(__file__).resolve().parents[1]
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert rms_kernel._SOURCE.is_file() and rms_kernel._SOURCE.parent == Path(rms_kernel.__file__).parent
-    sources = [f.name for f in rms_kernel._SOURCE.parent.iterdir() if f.suffix in (".cpp", ".h", ".cu")]
+    assert rms_kernel.KERNEL.source.is_file() and rms_kernel.KERNEL.source.parent == Path(rms_kernel.__file__).parent
+    sources = [f.name for f in rms_kernel.KERNEL.source.parent.iterdir() if f.suffix in (".cpp", ".h", ".cu")]
     assert sources and all(any(fnmatch.fnmatch(f, pat) for pat in patterns["modules.kernels"]) for f in sources)
 
 
 def test_the_kernel_is_built_here():
     # CI has a compiler and ninja (pyproject): a missing kernel there is a failure, not a fallback to accept
-    assert rms_kernel.kernel() is not None, rms_kernel._built.get("why")
+    assert rms_kernel.kernel() is not None, rms_kernel.KERNEL.built.get("why")
 
 
 def test_the_build_uses_the_interpreters_ninja_whatever_path_says(tmp_path, monkeypatch):
@@ -57,7 +58,7 @@ def test_the_build_uses_the_interpreters_ninja_whatever_path_says(tmp_path, monk
         raise RuntimeError("not built in this test")
 
     monkeypatch.setattr(cpp, "load", fake_load)
-    monkeypatch.setattr(rms_kernel, "_built", {})
+    monkeypatch.setattr(rms_kernel.KERNEL, "built", {})
     with pytest.warns(RuntimeWarning, match="not built in this test"):
         assert rms_kernel.kernel() is None
     assert seen == [str(own)] and os.environ["PATH"] == path
@@ -138,7 +139,7 @@ def test_the_op_and_its_autograd_node_match_pytorch(tmp_path):
 
 def test_which_path_rmsnorm_takes(monkeypatch):
     counting = _Counting(rms_kernel.kernel())
-    monkeypatch.setitem(rms_kernel._built, "module", counting)
+    monkeypatch.setitem(rms_kernel.KERNEL.built, "module", counting)
     x = torch.randn(4, 8, 32, requires_grad=True)
     w = torch.randn(32, requires_grad=True)
     fused = rms_norm(x, w, 1e-5)
@@ -182,7 +183,7 @@ def test_fp32_activations_with_a_bf16_weight_take_the_op_by_op_path(monkeypatch)
     the weight's gradient comes back in its own dtype. Given to the kernel it raised "expected scalar type Float but
     found BFloat16"."""
     counting = _Counting(rms_kernel.kernel())
-    monkeypatch.setitem(rms_kernel._built, "module", counting)
+    monkeypatch.setitem(rms_kernel.KERNEL.built, "module", counting)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3, 5, 24, generator=g, requires_grad=True)
     w = (1 + 0.3 * torch.randn(24, generator=g)).bfloat16().requires_grad_()
@@ -199,7 +200,7 @@ def test_fp32_activations_with_a_bf16_weight_take_the_op_by_op_path(monkeypatch)
 
 
 def test_kernel_off_is_one_warning_and_the_op_by_op_path(monkeypatch):
-    monkeypatch.setattr(rms_kernel, "_built", {})
+    monkeypatch.setattr(rms_kernel.KERNEL, "built", {})
     monkeypatch.setenv("ABLATIONS_RMSNORM_KERNEL", "off")
     with pytest.warns(RuntimeWarning, match=r"fused CPU kernel is not used \(ABLATIONS_RMSNORM_KERNEL=off\)"):
         assert rms_kernel.kernel() is None
@@ -220,13 +221,13 @@ def test_one_build_per_cpu_kind_and_source(monkeypatch, tmp_path):
         def read_text(self):
             return FakePath.text
 
-    monkeypatch.setattr(rms_kernel, "Path", FakePath)
+    monkeypatch.setattr(build, "Path", FakePath)
     tags = {}
     for name, flags in (("avx512", "fpu sse2 avx2 avx512f"), ("avx2", "fpu sse2 avx2"), ("again", "fpu sse2 avx2")):
         FakePath.text = f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n"
-        tags[name] = rms_kernel._build_tag()
+        tags[name] = rms_kernel.KERNEL.build_tag()
     other = tmp_path / "rms_norm.cpp"
-    other.write_bytes(rms_kernel._SOURCE.read_bytes() + b"// another version\n")
-    monkeypatch.setattr(rms_kernel, "_SOURCE", other)
-    tags["edited"] = rms_kernel._build_tag()
+    other.write_bytes(rms_kernel.KERNEL.source.read_bytes() + b"// another version\n")
+    monkeypatch.setattr(rms_kernel.KERNEL, "source", other)
+    tags["edited"] = rms_kernel.KERNEL.build_tag()
     assert tags["avx512"] != tags["avx2"] == tags["again"] != tags["edited"]

@@ -19,6 +19,8 @@ module of this package, in table order (each module's docstring says what it mea
   training, prefill and decode tokens/s each as a fraction of its own analytic bound;
 - norms (norms.py): RMSNorm against LayerNorm: paired training in 32-true and bf16-mixed, each norm's forward and
   backward per call inside training steps, and its kernels at the model's activation shape;
+- gelu (gelu.py): GELU's tanh form eager on CPU, the harness's C++ kernel against ATen's gelu: each form's forward
+  and backward at the MLP's activation shape, and eager training with each paired in one process;
 - roofline (roofline.py): each position, norm and MLP variant's paired extra time per training step over the
   composed model, beside the bytes its element-wise passes must move (modules.elementwise) over the triad bandwidth;
 - malloc (malloc.py): bare-loop training with freed memory kept between steps (ablations.malloc) against glibc's

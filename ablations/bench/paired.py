@@ -23,6 +23,7 @@ from ablations.malloc import describe as malloc_mode
 from ablations.repro import cpu_model
 from modules import accounting
 from modules.errors import ConfigError
+from modules.kernels import gelu_tanh as gelu_kernel
 from modules.kernels import rms_norm as rms_kernel
 
 from . import ceilings
@@ -165,9 +166,12 @@ PATH_RULES = {"configured": "each arm as its config says (compile=true: torch.co
 
 
 def eager_kernels() -> dict[str, str]:
-    """The harness's own fused kernels the eager path uses here: RMSNorm's C++ kernel (built, or why not)."""
-    built = rms_kernel.kernel() is not None
-    return {"rmsnorm": "C++ kernel" if built else f"op by op ({rms_kernel._built.get('why', 'not built')})",
+    """The harness's own fused kernels the eager path uses here: RMSNorm's and GELU-tanh's C++ kernels (built, or
+    why not)."""
+    def state(k, fallback):
+        return "C++ kernel" if k.ops() is not None else f"{fallback} ({k.built.get('why', 'not built')})"
+
+    return {"rmsnorm": state(rms_kernel.KERNEL, "op by op"), "gelu_tanh": state(gelu_kernel.KERNEL, "ATen's gelu"),
             "rope": "fused autograd.Function (modules/positions/base.py)"}
 
 

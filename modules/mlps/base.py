@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modules.kernels import gelu_tanh as gelu_kernel
 from modules.options import VariantOptions, check_choice, check_int
 
 
@@ -39,12 +40,17 @@ _S3 = 0.044715 * _S1
 
 
 def gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """F.gelu, except the tanh form under torch.compile, written as x * sigmoid(...): inductor fuses that (and its
-    derivative) into one vectorised loop each way, where its lowering of F.gelu(tanh), like ATen's own CPU kernel,
-    took 2.5x as long forward and backward (a compiled small-cpu step x1.15 faster with this form; docs/bench.md,
-    "An AMX Xeon"). In eager the formula would be five kernels, so ATen's one kernel stays."""
-    if approximate == "tanh" and torch.compiler.is_compiling():
-        return x * torch.sigmoid(x * (_S1 + _S3 * x * x))
+    """F.gelu, except the tanh form on CPU. Under torch.compile it is written as x * sigmoid(...): inductor fuses
+    that (and its derivative) into one vectorised loop each way, where its lowering of F.gelu(tanh), like ATen's own
+    CPU kernel, took 2.5x as long forward and backward (a compiled small-cpu step x1.15 faster with this form;
+    docs/bench.md, "An AMX Xeon"). Eager on CPU it is the same form in one C++ kernel each way
+    (modules/kernels/gelu_tanh.py), where the formula in PyTorch ops would be five kernels."""
+    if approximate == "tanh":
+        if torch.compiler.is_compiling():
+            return x * torch.sigmoid(x * (_S1 + _S3 * x * x))
+        if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and x.numel():
+            if (k := gelu_kernel.kernel()) is not None:
+                return k.gelu_tanh(x)
     return F.gelu(x, approximate=approximate)
 
 
