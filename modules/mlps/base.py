@@ -40,10 +40,10 @@ _S3 = 0.044715 * _S1
 
 
 def gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
-    """F.gelu, except the tanh form on CPU. Under torch.compile it is written as x * sigmoid(...): inductor fuses
-    that (and its derivative) into one vectorised loop each way, where its lowering of F.gelu(tanh), like ATen's own
-    CPU kernel, took 2.5x as long forward and backward (a compiled small-cpu step x1.15 faster with this form;
-    docs/bench.md, "An AMX Xeon"). Eager on CPU it is the same form in one C++ kernel each way
+    """F.gelu, except the tanh form compiled, and eager on CPU. Under torch.compile it is x * sigmoid(...): inductor
+    fuses that (and its derivative) into one vectorised loop each way, where its lowering of F.gelu(tanh), like
+    ATen's own CPU kernel, took 2.5x as long forward and backward (a compiled small-cpu step x1.15 faster with this
+    form; docs/bench.md, "An AMX Xeon"). Eager on CPU it is the same form in one C++ kernel each way
     (modules/kernels/gelu_tanh.py), where the formula in PyTorch ops would be five kernels."""
     if approximate == "tanh":
         if torch.compiler.is_compiling():
