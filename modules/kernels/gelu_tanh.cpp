@@ -81,7 +81,8 @@ __attribute__((noinline)) void forward_span(const T* __restrict__ x, T* __restri
 
 // dx = dy (s + x s t dz/dx), t = 1 - s, dz/dx = kS1 + 3 kS3 x^2
 template <typename T>
-__attribute__((noinline)) void backward_span(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int64_t n) {
+__attribute__((noinline)) void backward_span(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx,
+                                              int64_t n) {
   #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
     const float v = to_f32(x[i]);

@@ -18,7 +18,8 @@ from pathlib import Path
 from modules.kernels.build import Kernel
 
 KERNEL = Kernel(Path(__file__).with_name("rms_norm.cpp"), "ablations_rms", "rms_norm", "ABLATIONS_RMSNORM_KERNEL",
-                "RMSNorm: the fused CPU kernel is not used ({why}); RMSNorm runs op by op, slower than LayerNorm on CPU")
+                "RMSNorm: the fused CPU kernel is not used ({why}); RMSNorm runs op by op, slower than LayerNorm "
+                "on CPU")
 
 
 def kernel():
