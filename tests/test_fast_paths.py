@@ -287,14 +287,30 @@ def test_rope_fused_matches_the_formula_in_bf16():
 
 
 def test_rope_model_takes_the_fused_path_in_eager(monkeypatch):
+    """Eager on CPU the rotation is the C++ kernel's (modules/kernels/rotary.py), q and k of every layer; in float64,
+    or with the kernel off, `_Rotate` (PyTorch ops)."""
+    from modules.kernels import rotary as rotary_kernel
     from modules.positions import base as positions
 
-    calls = []
-    real = positions._Rotate.apply
-    monkeypatch.setattr(positions._Rotate, "apply", lambda *a: calls.append(1) or real(*a))
+    calls = {"kernel": 0, "ops": 0}
+    real, ops = positions._Rotate.apply, rotary_kernel.kernel()
+
+    class Counting:
+        def rotary(self, *a):
+            calls["kernel"] += 1
+            return ops.rotary(*a)
+
+    monkeypatch.setattr(positions._Rotate, "apply", lambda *a: calls.__setitem__("ops", calls["ops"] + 1) or real(*a))
+    monkeypatch.setitem(rotary_kernel.KERNEL.built, "module", Counting())
     model = GPT(GPTConfig(**{**TINY, "position": "rope"}))
-    model(torch.randint(0, 64, (2, 8)))
-    assert len(calls) == 2 * TINY["n_layer"]  # q and k of every layer
+    idx = torch.randint(0, 64, (2, 8))
+    model(idx)
+    assert calls == {"kernel": 2 * TINY["n_layer"], "ops": 0}  # q and k of every layer
+    model.double()(idx)
+    assert calls == {"kernel": 2 * TINY["n_layer"], "ops": 2 * TINY["n_layer"]}
+    monkeypatch.setitem(rotary_kernel.KERNEL.built, "module", None)  # off, or not built
+    model.float()(idx)
+    assert calls == {"kernel": 2 * TINY["n_layer"], "ops": 4 * TINY["n_layer"]}
 
 
 # ---- GELU (tanh form) under torch.compile -----------------------------------------------------------------------

@@ -39,7 +39,8 @@ class Kernel:
         self.built: dict = {}  # {"module": the ops or None, "why": the reason they are None}
 
     def build_tag(self) -> str:
-        """A short hash of this CPU's model and instruction-set flags and of the kernel's source: the build is
+        """A short hash of this CPU's model and instruction-set flags and of the kernel's source (and the headers
+        beside it, which the kernels share): the build is
         -march=native, so a home directory shared by machines of other CPUs (a cluster's) must not hand one
         machine's build to another (illegal instructions); and two versions of the source on one machine (two
         checkouts, an upgrade) each get their own build, where under one name they rebuilt over each other and one
@@ -52,7 +53,8 @@ class Kernel:
         except OSError:
             info = []
         text = "\n".join(info) or f"{platform.machine()} {platform.processor()}"
-        return hashlib.sha1(text.encode() + b"\0" + self.source.read_bytes()).hexdigest()[:10]
+        code = b"".join(f.read_bytes() for f in [self.source, *sorted(self.source.parent.glob("*.h"))])
+        return hashlib.sha1(text.encode() + b"\0" + code).hexdigest()[:10]
 
     def ops(self):
         """The built library's ops, or None where they cannot be had (the reason warned once)."""

@@ -4,14 +4,18 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
-#include <c10/util/BFloat16.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "bf16.h"
+
 namespace {
+
+using ablations_kernels::from_f32;
+using ablations_kernels::to_f32;
 
 constexpr float kS1 = 1.5957691216057308f;  // 2 sqrt(2/pi)
 constexpr float kS3 = 0.07135481627260025f;  // 0.044715 * kS1
@@ -47,22 +51,6 @@ inline void sigmoid_pair(float z, float& s, float& t) {
   const float d = 1.f / (1.f + e);
   s = z >= 0.f ? d : e * d;
   t = z >= 0.f ? e * d : d;
-}
-
-inline float to_f32(float v) { return v; }
-inline float to_f32(c10::BFloat16 v) {  // bf16 -> fp32 is the bits shifted up: no branch
-  const uint32_t u = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-template <typename T> inline T from_f32(float f);
-template <> inline float from_f32<float>(float f) { return f; }
-template <> inline c10::BFloat16 from_f32<c10::BFloat16>(float f) {  // round to nearest even (finite values)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return c10::BFloat16(static_cast<uint16_t>(u >> 16), c10::BFloat16::from_bits());
 }
 
 // The spans are functions of their own, never inlined into the parallel_for lambdas: inlined into OpenMP's outlined

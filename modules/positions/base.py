@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from modules.kernels import rotary as rotary_kernel
 from modules.options import VariantOptions
 
 
@@ -66,23 +67,35 @@ def apply_rotary(x: torch.Tensor, rot, fused: bool = True) -> torch.Tensor:
     """Rotate pairs (x[i], x[i + d/2]) of the last dim by the angles in rot = (cos, sin), each (B, 1, T, d/2), in
     (at least) fp32: angles of late positions need the mantissa. Output in x's dtype.
 
-    Eager, `_Rotate` does it in four kernels into one buffer each way, its backward the inverse rotation (autograd
-    through the formula below keeps both halves and runs about twice the kernels: 3-4x the time of the fused form
-    at small-cpu's shapes, `python -m ablations.bench --only roofline`). Under torch.compile, or fused=False (the
-    tests compare the two), the formula itself: inductor fuses it into one kernel."""
+    Eager on CPU, one C++ pass each way (`_cpu_kernel`, modules/kernels/rotary.py); elsewhere eager, `_Rotate` does
+    it in four kernels into one buffer each way, its backward the inverse rotation (autograd through the formula
+    below keeps both halves and runs about twice the kernels: 3-4x the time of `_Rotate` at small-cpu's shapes,
+    `python -m ablations.bench --only roofline`). Under torch.compile, or fused=False (the tests compare the two),
+    the formula itself: inductor fuses it into one kernel."""
     if rot is None:
         return x
     cos, sin = rot
     if fused and not torch.compiler.is_compiling():
-        return _Rotate.apply(x, cos, sin)
+        k = _cpu_kernel(x, cos)
+        return k.rotary(x, cos, sin) if k is not None else _Rotate.apply(x, cos, sin)
     x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return out.to(x.dtype)
 
 
+def _cpu_kernel(x: torch.Tensor, cos: torch.Tensor):
+    """The C++ rotation (modules/kernels/rotary.py: one pass each way, its autograd node in C++) where it applies:
+    eager on CPU, x (B, H, T, d) in fp32 or bf16 with unit stride in d, fp32 angles; else None (`_Rotate`)."""
+    if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and x.dim() == 4 and x.numel()
+            and x.stride(-1) == 1 and cos.dtype == torch.float32 and cos.dim() == 4):
+        return rotary_kernel.kernel()
+    return None
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> torch.Tensor:
     """(x1 cos - sign x2 sin, x2 cos + sign x1 sin) into one buffer; sign -1 rotates back (the backward)."""
-    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 under autocast: one conversion pass here, not a mixed-dtype read in each kernel below
+    # bf16 under autocast: one conversion pass here, not a mixed-dtype read in each kernel below
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
     x1, x2 = xf.chunk(2, dim=-1)
     out = torch.empty(xf.shape, dtype=xf.dtype, device=xf.device)  # (..., d) contiguous, whatever x's strides
     o1, o2 = out.chunk(2, dim=-1)
