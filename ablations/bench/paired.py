@@ -25,6 +25,7 @@ from modules import accounting
 from modules.errors import ConfigError
 from modules.kernels import gelu_tanh as gelu_kernel
 from modules.kernels import rms_norm as rms_kernel
+from modules.kernels import rotary as rotary_kernel
 
 from . import ceilings
 from .core import model_dict
@@ -166,13 +167,13 @@ PATH_RULES = {"configured": "each arm as its config says (compile=true: torch.co
 
 
 def eager_kernels() -> dict[str, str]:
-    """The harness's own fused kernels the eager path uses here: RMSNorm's and GELU-tanh's C++ kernels (built, or
-    why not)."""
+    """The harness's own fused kernels the eager path uses here: RMSNorm's, GELU-tanh's and rope's C++ kernels
+    (built, or why not and what runs instead)."""
     def state(k, fallback):
         return "C++ kernel" if k.ops() is not None else f"{fallback} ({k.built.get('why', 'not built')})"
 
     return {"rmsnorm": state(rms_kernel.KERNEL, "op by op"), "gelu_tanh": state(gelu_kernel.KERNEL, "ATen's gelu"),
-            "rope": "fused autograd.Function (modules/positions/base.py)"}
+            "rope": state(rotary_kernel.KERNEL, "fused autograd.Function, modules/positions/base.py")}
 
 
 def _first_steps(tr, n: int, device: str) -> float:
