@@ -24,6 +24,7 @@ from ablations.repro import cpu_model
 from modules import accounting
 from modules.errors import ConfigError
 from modules.kernels import gelu_tanh as gelu_kernel
+from modules.kernels import glu as glu_kernel
 from modules.kernels import rms_norm as rms_kernel
 from modules.kernels import rotary as rotary_kernel
 
@@ -167,13 +168,14 @@ PATH_RULES = {"configured": "each arm as its config says (compile=true: torch.co
 
 
 def eager_kernels() -> dict[str, str]:
-    """The harness's own fused kernels the eager path uses here: RMSNorm's, GELU-tanh's and rope's C++ kernels
-    (built, or why not and what runs instead)."""
+    """The harness's own fused kernels the eager path uses here: RMSNorm's, GELU-tanh's, rope's and the GLU gate's
+    C++ kernels (built, or why not and what runs instead)."""
     def state(k, fallback):
         return "C++ kernel" if k.ops() is not None else f"{fallback} ({k.built.get('why', 'not built')})"
 
     return {"rmsnorm": state(rms_kernel.KERNEL, "op by op"), "gelu_tanh": state(gelu_kernel.KERNEL, "ATen's gelu"),
-            "rope": state(rotary_kernel.KERNEL, "fused autograd.Function, modules/positions/base.py")}
+            "rope": state(rotary_kernel.KERNEL, "fused autograd.Function, modules/positions/base.py"),
+            "glu": state(glu_kernel.KERNEL, "PyTorch ops")}
 
 
 def _first_steps(tr, n: int, device: str) -> float:

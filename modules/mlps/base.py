@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from modules.kernels import gelu_tanh as gelu_kernel
+from modules.kernels import glu as glu_kernel
 from modules.options import VariantOptions, check_choice, check_int
 
 
@@ -52,6 +53,18 @@ def gelu(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
             if (k := gelu_kernel.kernel()) is not None:
                 return k.gelu_tanh(x)
     return F.gelu(x, approximate=approximate)
+
+
+def gated(h: torch.Tensor, gate, kernel_gate: str | None) -> torch.Tensor:
+    """gate(g) * u of the fused projection's output h = [g, u] (..., 2H) -> (..., H). Eager on CPU in one C++ pass
+    each way (modules/kernels/glu.py) where that kernel has the gate (`kernel_gate`: "silu", "gelu_tanh"); else in
+    PyTorch ops (compiled, inductor fuses them)."""
+    if (kernel_gate is not None and not torch.compiler.is_compiling() and h.device.type == "cpu"
+            and h.dtype in (torch.float32, torch.bfloat16) and h.numel()):
+        if (k := glu_kernel.kernel()) is not None:
+            return k.glu(h, glu_kernel.GATES[kernel_gate])
+    g, u = h.chunk(2, dim=-1)  # 2 x (..., H)
+    return gate(g) * u
 
 
 class MLP(nn.Module):

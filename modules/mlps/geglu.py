@@ -12,6 +12,10 @@ class GeGLUMLP(SwiGLUMLP):
     def gate(self, g):
         return gelu(g, self.approximate)
 
+    @property
+    def kernel_gate(self):  # the CPU kernel has GELU's tanh form, not the erf one
+        return "gelu_tanh" if self.approximate == "tanh" else None
+
     def __init__(self, cfg):
         super().__init__(cfg)
         self.approximate = cfg.mlp.approximate

@@ -3,7 +3,7 @@
 import torch.nn.functional as F
 from torch import nn
 
-from modules.mlps.base import GatedMLP
+from modules.mlps.base import GatedMLP, gated
 from modules.registry import register
 
 
@@ -15,9 +15,11 @@ class SwiGLUMLP(GatedMLP):
         self.c_proj = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
+    kernel_gate = "silu"  # the gate's name in the CPU kernel (modules/kernels/glu.py); None: it has none
+
     def gate(self, g):
         return F.silu(g)
 
     def forward(self, x):
-        g, u = self.c_fc(x).chunk(2, dim=-1)  # 2 x (B, T, H)
-        return self.dropout(self.c_proj(self.gate(g) * u))  # (B, T, C)
+        a = gated(self.c_fc(x), self.gate, self.kernel_gate)  # (B, T, 2H): gate, then up -> (B, T, H)
+        return self.dropout(self.c_proj(a))  # (B, T, C)
