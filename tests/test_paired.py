@@ -223,7 +223,7 @@ def test_interleaved_rounds_and_json(measured):
     assert res["model"] == "tiny" and {a["model"] for a in res["arms"]} == {"tiny"}
     # the eager path's own kernels, each built here (CI has a compiler): the file says which ran
     assert res["kernels"] == {"rmsnorm": "C++ kernel", "gelu_tanh": "C++ kernel", "rope": "C++ kernel",
-                              "glu": "C++ kernel"}
+                              "glu": "C++ kernel", "qk_layernorm": "C++ kernel"}
     # the code it measured: git's own answer for this checkout, " (dirty)" with uncommitted changes
     root = Path(__file__).resolve().parents[1]
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()

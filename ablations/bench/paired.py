@@ -25,6 +25,7 @@ from modules import accounting
 from modules.errors import ConfigError
 from modules.kernels import gelu_tanh as gelu_kernel
 from modules.kernels import glu as glu_kernel
+from modules.kernels import head_norm as head_kernel
 from modules.kernels import rms_norm as rms_kernel
 from modules.kernels import rotary as rotary_kernel
 
@@ -118,7 +119,8 @@ def _compose_arms(model: str | None, arms: list[tuple[str, list[str]]], threads:
 
 def arm_setting(name: str, cfg, device: str | None) -> dict:
     """One arm's device, precision (and why), batch size and context, from its own composed config. `device`
-    (the command's device=) applies to every arm; an arm that names another accelerator is refused, as is CUDA where none is."""
+    (the command's device=) applies to every arm; an arm that names another accelerator is refused, as is CUDA
+    where none is."""
     from ablations.lit import resolve_accelerator, resolve_precision  # Lightning takes seconds to import: on use
 
     acc = cfg.trainer.get("accelerator", "auto")
@@ -168,14 +170,14 @@ PATH_RULES = {"configured": "each arm as its config says (compile=true: torch.co
 
 
 def eager_kernels() -> dict[str, str]:
-    """The harness's own fused kernels the eager path uses here: RMSNorm's, GELU-tanh's, rope's and the GLU gate's
-    C++ kernels (built, or why not and what runs instead)."""
+    """The harness's own fused kernels the eager path uses here: RMSNorm's, GELU-tanh's, rope's, the GLU gate's and
+    QK-norm's LayerNorm's C++ kernels (built, or why not and what runs instead)."""
     def state(k, fallback):
         return "C++ kernel" if k.ops() is not None else f"{fallback} ({k.built.get('why', 'not built')})"
 
     return {"rmsnorm": state(rms_kernel.KERNEL, "op by op"), "gelu_tanh": state(gelu_kernel.KERNEL, "ATen's gelu"),
             "rope": state(rotary_kernel.KERNEL, "fused autograd.Function, modules/positions/base.py"),
-            "glu": state(glu_kernel.KERNEL, "PyTorch ops")}
+            "glu": state(glu_kernel.KERNEL, "PyTorch ops"), "qk_layernorm": state(head_kernel.KERNEL, "F.layer_norm")}
 
 
 def _first_steps(tr, n: int, device: str) -> float:

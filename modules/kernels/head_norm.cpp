@@ -1,0 +1,194 @@
+// QK-norm's LayerNorm on CPU, eager: each head's d numbers normalised where they lie in the fused q/k/v
+// projection's output (a strided head view), written as contiguous heads, one pass per row each way; fp32 or bf16
+// in and out, fp32 statistics and weights. Built on first use by modules/kernels/head_norm.py, which says when.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "bf16.h"
+
+namespace {
+
+constexpr int64_t kMaxWidth = 1024;  // the widest head it takes (layernorm.py sends wider ones to F.layer_norm)
+
+using ablations_kernels::from_f32;
+using ablations_kernels::to_f32;
+
+// One head (T rows of d numbers, rows sx apart): per row mean and 1/sqrt(var + eps), y = (x - mean) rstd w + b.
+// A function of its own per head, never inlined into the parallel_for lambda (gelu_tanh.cpp: restrict pointers
+// lost there, 9x slower).
+template <typename T>
+__attribute__((noinline)) void forward_head(const T* __restrict__ x, int64_t sx, const float* __restrict__ w,
+                                            const float* __restrict__ b, T* __restrict__ y, float* __restrict__ mean,
+                                            float* __restrict__ rstd, int64_t rows, int64_t d, float eps) {
+  float xf[kMaxWidth];  // the row widened once (bf16: the loops below then read fp32)
+  for (int64_t t = 0; t < rows; t++, x += sx, y += d) {
+    float s = 0.f;
+    #pragma omp simd reduction(+:s)
+    for (int64_t j = 0; j < d; j++) {
+      xf[j] = to_f32(x[j]);
+      s += xf[j];
+    }
+    const float m = s / d;
+    float v = 0.f;
+    #pragma omp simd reduction(+:v)
+    for (int64_t j = 0; j < d; j++) { const float c = xf[j] - m; v += c * c; }
+    const float r = 1.f / std::sqrt(v / d + eps);
+    #pragma omp simd
+    for (int64_t j = 0; j < d; j++) y[j] = from_f32<T>((xf[j] - m) * r * w[j] + b[j]);
+    mean[t] = m;
+    rstd[t] = r;
+  }
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, xhat = (x - mean) rstd; aw += dy xhat, ab += dy (this
+// thread's part of dw and db). dy rows sdy apart, dx rows sdx apart.
+template <typename T>
+__attribute__((noinline)) void backward_head(const T* __restrict__ dy, int64_t sdy, const T* __restrict__ x,
+                                             int64_t sx, const float* __restrict__ w, const float* __restrict__ mean,
+                                             const float* __restrict__ rstd, T* __restrict__ dx, int64_t sdx,
+                                             float* __restrict__ aw, float* __restrict__ ab, int64_t rows, int64_t d) {
+  for (int64_t t = 0; t < rows; t++, dy += sdy, x += sx, dx += sdx) {
+    const float m = mean[t], r = rstd[t];
+    float s1 = 0.f, s2 = 0.f;
+    #pragma omp simd reduction(+:s1, s2)
+    for (int64_t j = 0; j < d; j++) {
+      const float g = to_f32(dy[j]) * w[j];
+      s1 += g;
+      s2 += g * (to_f32(x[j]) - m) * r;
+    }
+    const float a = s1 / d, c = s2 / d;
+    #pragma omp simd
+    for (int64_t j = 0; j < d; j++) {
+      const float xh = (to_f32(x[j]) - m) * r, g = to_f32(dy[j]);
+      dx[j] = from_f32<T>(r * (g * w[j] - a - xh * c));
+      aw[j] += g * xh;
+      ab[j] += g;
+    }
+  }
+}
+
+void check(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+              x.dim() == 4 && x.stride(3) == 1 && x.size(3) <= kMaxWidth, "head_norm: x must be a CPU (B, H, T, d) "
+              "fp32 or bf16 tensor with unit stride in d, d <= 1024");
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.numel() == x.size(3), "head_norm: w must be fp32 of x's last size");
+}
+
+// A dense tensor of x's sizes whose dims lie in memory in the order of x's strides: dx of a head view of the fused
+// projection's output is laid out as that output is (rows of T), so the copy into the projection's gradient reads
+// it in order
+at::Tensor dense_like(const at::Tensor& x) {
+  std::vector<int64_t> order = {0, 1, 2, 3};
+  std::stable_sort(order.begin(), order.end(), [&](int64_t p, int64_t q) { return x.stride(p) > x.stride(q); });
+  std::vector<int64_t> sizes, inverse(4);
+  for (int64_t k = 0; k < 4; k++) {
+    sizes.push_back(x.size(order[k]));
+    inverse[order[k]] = k;
+  }
+  return at::empty(sizes, x.options()).permute(inverse);
+}
+
+}  // namespace
+
+// x (B, H, T, d) any strides, unit in d; w, b (d,) fp32 -> y (B, H, T, d) contiguous, mean, rstd (B * H * T,) fp32
+std::vector<at::Tensor> head_norm_forward(const at::Tensor& x, const at::Tensor& w_in,
+                                          const std::optional<at::Tensor>& b_in, double eps) {
+  check(x, w_in);
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), d = x.size(3);
+  auto y = at::empty({B, H, T, d}, x.options());
+  auto mean = at::empty({B * H * T}, x.options().dtype(at::kFloat));
+  auto rstd = at::empty({B * H * T}, x.options().dtype(at::kFloat));
+  const auto w = w_in.contiguous();
+  const auto b = b_in.has_value() && b_in->defined() ? b_in->to(at::kFloat).contiguous() : at::zeros({d}, w.options());
+  const float* wp = w.data_ptr<float>();
+  const float* bp = b.data_ptr<float>();
+  float* mp = mean.data_ptr<float>();
+  float* rp = rstd.data_ptr<float>();
+  auto run = [&](auto tag) {
+    using T_ = decltype(tag);
+    const T_* xp = x.data_ptr<T_>();
+    T_* yp = y.data_ptr<T_>();
+    at::parallel_for(0, B * H, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; i++) {  // head hh of sequence bb: its T rows
+        const int64_t hh = i % H, bb = i / H;
+        forward_head(xp + bb * x.stride(0) + hh * x.stride(1), x.stride(2), wp, bp, yp + i * T * d, mp + i * T,
+                     rp + i * T, T, d, static_cast<float>(eps));
+      }
+    });
+  };
+  if (x.scalar_type() == at::kFloat) run(float()); else run(c10::BFloat16());
+  return {y, mean, rstd};
+}
+
+// dy (B, H, T, d) any strides, unit in d -> dx (x's sizes, dense, x's dim order), dw, db (d,) fp32: summed per
+// thread into its own rows of `partial`, then over the threads
+std::vector<at::Tensor> head_norm_backward(const at::Tensor& dy_in, const at::Tensor& x, const at::Tensor& mean,
+                                           const at::Tensor& rstd, const at::Tensor& w_in) {
+  check(x, w_in);
+  auto dy = dy_in.to(x.scalar_type());
+  if (dy.stride(3) != 1) dy = dy.contiguous();
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), d = x.size(3);
+  auto dx = dense_like(x);
+  auto partial = at::zeros({at::get_num_threads(), 2, d}, w_in.options());
+  const auto w = w_in.contiguous();
+  const float* wp = w.data_ptr<float>();
+  const float* mp = mean.data_ptr<float>();
+  const float* rp = rstd.data_ptr<float>();
+  float* pp = partial.data_ptr<float>();
+  auto run = [&](auto tag) {
+    using T_ = decltype(tag);
+    const T_* xp = x.data_ptr<T_>();
+    const T_* gp = dy.data_ptr<T_>();
+    T_* dp = dx.data_ptr<T_>();
+    at::parallel_for(0, B * H, 4, [&](int64_t begin, int64_t end) {
+      float* aw = pp + at::get_thread_num() * 2 * d;
+      for (int64_t i = begin; i < end; i++) {
+        const int64_t hh = i % H, bb = i / H;
+        backward_head(gp + bb * dy.stride(0) + hh * dy.stride(1), dy.stride(2),
+                      xp + bb * x.stride(0) + hh * x.stride(1), x.stride(2), wp, mp + i * T, rp + i * T,
+                      dp + bb * dx.stride(0) + hh * dx.stride(1), dx.stride(2), aw, aw + d, T, d);
+      }
+    });
+  };
+  if (x.scalar_type() == at::kFloat) run(float()); else run(c10::BFloat16());
+  return {dx, partial.select(1, 0).sum(0), partial.select(1, 1).sum(0)};
+}
+
+// The autograd node in C++ (as LayerNorm's is): no Python per call
+struct HeadNormFn : public torch::autograd::Function<HeadNormFn> {
+  // b: the bias, or an empty tensor (autograd's apply takes no undefined tensor)
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& b, bool has_bias, double eps) {
+    auto out = head_norm_forward(x, w, has_bias ? std::optional<at::Tensor>(b) : std::nullopt, eps);
+    ctx->save_for_backward({x, out[1], out[2], w});
+    ctx->saved_data["bias"] = has_bias;
+    return out[0];
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto s = ctx->get_saved_variables();  // x, mean, rstd, w
+    auto out = head_norm_backward(grads[0], s[0], s[1], s[2], s[3]);
+    return {out[0], out[1], ctx->saved_data["bias"].toBool() ? out[2] : at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor head_norm(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, double eps) {
+  const bool has_bias = b.has_value() && b->defined();
+  return HeadNormFn::apply(x, w, has_bias ? *b : at::empty({0}, w.options()), has_bias, eps);
+}
+
+// torch.ops.ablations_head_norm.<name> once the library is loaded (modules/kernels/head_norm.py)
+TORCH_LIBRARY(ablations_head_norm, m) {
+  m.def("forward", &head_norm_forward);
+  m.def("backward", &head_norm_backward);
+  m.def("head_norm", &head_norm);
+}

@@ -1,0 +1,127 @@
+"""QK-norm's CPU kernel (modules/kernels/head_norm.py) against PyTorch's own F.layer_norm computed in float64 on the
+same heads, output and the gradients of the input, weight and bias (by autograd): on head views of a fused q/k/v
+projection (strided), a contiguous input, MLA's one shared key head, with and without a bias, a width no multiple of
+a vector, two threads (the weight gradients summed over per-thread partials); bf16 rounded to nearest; and which
+calls take it.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modules.kernels import head_norm as head_kernel
+
+
+def reference(x, w, b, dy, eps):
+    """F.layer_norm over each head's last dim in float64, and the gradients of x, w and b."""
+    x64 = x.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    y = F.layer_norm(x64, (x.size(-1),), w64, b64, eps)
+    y.backward(dy.double())
+    return y.detach(), x64.grad, w64.grad, None if b is None else b64.grad
+
+
+def test_the_kernel_is_built_here():
+    # CI has a compiler and ninja (pyproject): a missing kernel there is a failure, not a fallback to accept
+    assert head_kernel.kernel() is not None, head_kernel.KERNEL.built.get("why")
+
+
+@pytest.mark.parametrize("layout", ["q view", "contiguous", "one key head"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fp32_matches_pytorch_in_float64(layout, bias, threads):
+    g = torch.Generator().manual_seed(3)
+    B, H, T, d = 3, 4, 10, 24
+    if layout == "q view":  # q's heads inside the fused projection's output (B, T, 3 H d)
+        x = (torch.randn(B, T, 3 * H * d, generator=g) * 3 + 1)[..., H * d:2 * H * d].view(B, T, H, d).transpose(1, 2)
+    elif layout == "contiguous":
+        x = torch.randn(B, H, T, d, generator=g) * 3 + 1
+    else:  # MLA's rotary key: one head shared by all, (B, 1, T, dr)
+        x = (torch.randn(B, T, 40, generator=g) * 3)[..., 30:].unsqueeze(1)
+        H, d = 1, 10
+    x = x.requires_grad_()
+    w = (1 + 0.2 * torch.randn(d, generator=g)).requires_grad_()
+    b = (0.1 * torch.randn(d, generator=g)).requires_grad_() if bias else None
+    dy = torch.randn(B, H, T, d, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = head_kernel.kernel().head_norm(x, w, b, 1e-5)
+        y.backward(dy)
+    finally:
+        torch.set_num_threads(before)
+    ref_y, ref_dx, ref_dw, ref_db = reference(x, w, b, dy, 1e-5)
+    assert y.is_contiguous() and x.grad.shape == x.shape
+    torch.testing.assert_close(y.detach().double(), ref_y, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(x.grad.double(), ref_dx, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(w.grad.double(), ref_dw, rtol=2e-5, atol=2e-5)
+    if bias:
+        torch.testing.assert_close(b.grad.double(), ref_db, rtol=2e-5, atol=2e-5)
+
+
+def test_bf16_is_the_float64_value_rounded_to_nearest():
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(4, 4, 32, 32, generator=g) * 2).bfloat16().requires_grad_()
+    w = (1 + 0.2 * torch.randn(32, generator=g)).requires_grad_()
+    b = (0.1 * torch.randn(32, generator=g)).requires_grad_()
+    dy = torch.randn(4, 4, 32, 32, generator=g).bfloat16()
+    y = head_kernel.kernel().head_norm(x, w, b, 1e-5)
+    y.backward(dy)
+    ref_y, ref_dx, ref_dw, _ = reference(x, w, b, dy, 1e-5)
+    assert y.dtype == x.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.float32
+    assert (y == ref_y.bfloat16()).float().mean() > 0.99
+    assert (x.grad == ref_dx.bfloat16()).float().mean() > 0.98  # sums of 32 terms: a little more error
+    torch.testing.assert_close(w.grad.double(), ref_dw, rtol=1e-4, atol=1e-3)
+
+
+def test_which_calls_take_the_kernel(monkeypatch):
+    from modules.config import GPTConfig
+    from modules.gpt import GPT
+
+    calls = []
+    ops = head_kernel.kernel()
+
+    class Counting:
+        def head_norm(self, x, *a):
+            calls.append(x.dtype)
+            return ops.head_norm(x, *a)
+
+    monkeypatch.setitem(head_kernel.KERNEL.built, "module", Counting())
+    base = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    idx = torch.randint(0, 64, (2, 8))
+    GPT(GPTConfig.from_dict({**base, "norm": {"name": "layernorm", "qk_norm": True}}))(idx)
+    assert calls == [torch.float32] * 4  # q and k of each layer; the residual stream's norms (3-d) are ATen's
+    calls.clear()
+    model = GPT(GPTConfig.from_dict({**base, "norm": {"name": "layernorm", "qk_norm": True}}))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(idx)
+    assert calls == [torch.bfloat16] * 4
+    calls.clear()
+    model.double()(idx)  # float64: F.layer_norm
+    GPT(GPTConfig.from_dict(base))(idx)  # no QK-norm: no heads to normalise
+    assert calls == []
+    seen = []
+
+    def recording(gm, example_inputs):  # compiled: F.layer_norm, which inductor fuses; no call of the kernel
+        seen.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(model.float(), backend=recording)(idx)
+    finally:
+        torch._dynamo.reset()
+    assert seen and calls == []
+
+
+def test_kernel_off_is_one_warning_and_layer_norm(monkeypatch):
+    from modules.config import GPTConfig
+    from modules.norms.layernorm import LayerNorm
+
+    monkeypatch.setattr(head_kernel.KERNEL, "built", {})
+    monkeypatch.setenv("ABLATIONS_HEAD_NORM_KERNEL", "off")
+    with pytest.warns(RuntimeWarning, match=r"not used \(ABLATIONS_HEAD_NORM_KERNEL=off\)"):
+        assert head_kernel.kernel() is None
+    cfg = GPTConfig.from_dict(dict(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    norm, x = LayerNorm(16, cfg), torch.randn(2, 2, 8, 16)
+    assert torch.equal(norm(x), F.layer_norm(x, (16,), norm.weight, norm.bias, norm.eps))
