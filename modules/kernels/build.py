@@ -39,12 +39,11 @@ class Kernel:
         self.built: dict = {}  # {"module": the ops or None, "why": the reason they are None}
 
     def build_tag(self) -> str:
-        """A short hash of this CPU's model and instruction-set flags and of the kernel's source (and the headers
-        beside it, which the kernels share): the build is
-        -march=native, so a home directory shared by machines of other CPUs (a cluster's) must not hand one
-        machine's build to another (illegal instructions); and two versions of the source on one machine (two
-        checkouts, an upgrade) each get their own build, where under one name they rebuilt over each other and one
-        could load the other's library."""
+        """A short hash of this CPU's model and instruction-set flags and of the kernel's source (with the headers
+        beside it, which the kernels share): the build is -march=native, so a home directory shared by machines of
+        other CPUs (a cluster's) must not hand one machine's build to another (illegal instructions); and two
+        versions of the source on one machine (two checkouts, an upgrade) each get their own build, where under one
+        name they rebuilt over each other and one could load the other's library."""
         import hashlib
 
         try:
