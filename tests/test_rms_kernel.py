@@ -59,6 +59,7 @@ def test_the_build_uses_the_interpreters_ninja_whatever_path_says(tmp_path, monk
 
     monkeypatch.setattr(cpp, "load", fake_load)
     monkeypatch.setattr(rms_kernel.KERNEL, "built", {})
+    monkeypatch.setattr(build, "_library", {})  # the library not loaded yet in this process
     with pytest.warns(RuntimeWarning, match="not built in this test"):
         assert rms_kernel.kernel() is None
     assert seen == [str(own)] and os.environ["PATH"] == path
@@ -210,24 +211,31 @@ def test_kernel_off_is_one_warning_and_the_op_by_op_path(monkeypatch):
 
 def test_one_build_per_cpu_kind_and_source(monkeypatch, tmp_path):
     """The build is -march=native: its cached name carries a hash of the CPU's model and flags, so a home directory
-    shared with a machine of another CPU never loads this one's build; and of the source, so another version of the
-    kernel (another checkout on this machine) builds beside this one instead of over it."""
-    class FakePath:
+    shared with a machine of another CPU never loads this one's build; and of the kernels' code (every .cpp and .h
+    of the library), so another version of any kernel (another checkout on this machine) builds beside this one
+    instead of over it."""
+    import shutil
+
+    kernels = tmp_path / "kernels"
+    shutil.copytree(build.LIBRARY.parent, kernels, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    real_path = build.Path
+
+    class FakeCpuinfo:
         text = ""
 
         def __init__(self, *_):
             pass
 
         def read_text(self):
-            return FakePath.text
+            return FakeCpuinfo.text
 
-    monkeypatch.setattr(build, "Path", FakePath)
+    monkeypatch.setattr(build, "Path", lambda p: FakeCpuinfo() if p == "/proc/cpuinfo" else real_path(p))
     tags = {}
     for name, flags in (("avx512", "fpu sse2 avx2 avx512f"), ("avx2", "fpu sse2 avx2"), ("again", "fpu sse2 avx2")):
-        FakePath.text = f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n"
-        tags[name] = rms_kernel.KERNEL.build_tag()
-    other = tmp_path / "rms_norm.cpp"
-    other.write_bytes(rms_kernel.KERNEL.source.read_bytes() + b"// another version\n")
-    monkeypatch.setattr(rms_kernel.KERNEL, "source", other)
-    tags["edited"] = rms_kernel.KERNEL.build_tag()
-    assert tags["avx512"] != tags["avx2"] == tags["again"] != tags["edited"]
+        FakeCpuinfo.text = f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n"
+        tags[name] = build.build_tag(kernels)
+    assert tags["avx2"] == build.build_tag(build.LIBRARY.parent)  # the copy is the library's code
+    for f in ("rms_norm.cpp", "bf16.h"):  # a kernel's source, a shared header
+        (kernels / f).write_bytes((kernels / f).read_bytes() + b"// another version\n")
+        tags[f] = build.build_tag(kernels)
+    assert tags["avx512"] != tags["avx2"] == tags["again"] != tags["rms_norm.cpp"] != tags["bf16.h"]

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modules.kernels.build import Kernel, x86_wide_vectors
+from modules.kernels.build import Kernel
 
 KERNEL = Kernel(Path(__file__).with_name("gelu_tanh.cpp"), "ablations_gelu", "gelu_tanh", "ABLATIONS_GELU_KERNEL",
-                "GELU: the CPU kernel for its tanh form is not used ({why}); ATen's gelu runs, ~3x slower eager",
-                cflags=x86_wide_vectors())
+                "GELU: the CPU kernel for its tanh form is not used ({why}); ATen's gelu runs, ~3x slower eager")
 
 
 def kernel():

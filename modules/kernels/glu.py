@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modules.kernels.build import Kernel, x86_wide_vectors
+from modules.kernels.build import Kernel
 
 GATES = {"silu": 0, "gelu_tanh": 1}  # the kernel's gate codes (glu.cpp's Gate)
 
 KERNEL = Kernel(Path(__file__).with_name("glu.cpp"), "ablations_glu", "glu", "ABLATIONS_GLU_KERNEL",
                 "GLU: the CPU kernel for the gated MLPs' gate is not used ({why}); it runs in PyTorch ops, slower "
-                "eager",
-                cflags=x86_wide_vectors())
+                "eager")
 
 
 def kernel():

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modules.kernels.build import Kernel, x86_wide_vectors
+from modules.kernels.build import Kernel
 
 KERNEL = Kernel(Path(__file__).with_name("head_norm.cpp"), "ablations_head_norm", "head_norm",
                 "ABLATIONS_HEAD_NORM_KERNEL", "QK-norm: the CPU kernel for LayerNorm over heads is not used ({why}); "
-                "F.layer_norm runs, slower eager", cflags=x86_wide_vectors())
+                "F.layer_norm runs, slower eager")
 
 
 def kernel():

@@ -3,7 +3,7 @@ backward, the way LayerNorm's own kernels work. Written as PyTorch ops, RMSNorm 
 activations each way and trains slower than LayerNorm on CPU, although it does less arithmetic (docs/bench.md,
 `ablations.bench --only norms`).
 
-The kernel is rms_norm.cpp beside this file, built on first use (modules/kernels/build.py; ~20 s of CPU once).
+The kernel is rms_norm.cpp beside this file, built on first use with the others (modules/kernels/build.py).
 Where it cannot be built, or with ABLATIONS_RMSNORM_KERNEL=off, `kernel()` returns None and RMSNorm keeps its
 op-by-op path; the reason is given once as a warning.
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modules.kernels.build import Kernel, x86_wide_vectors
+from modules.kernels.build import Kernel
 
 KERNEL = Kernel(Path(__file__).with_name("rotary.cpp"), "ablations_rotary", "rotary", "ABLATIONS_ROTARY_KERNEL",
-                "rope: the CPU kernel for its rotation is not used ({why}); it runs in PyTorch ops, slower eager",
-                cflags=x86_wide_vectors())
+                "rope: the CPU kernel for its rotation is not used ({why}); it runs in PyTorch ops, slower eager")
 
 
 def kernel():
