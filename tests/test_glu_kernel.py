@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels_testing import traced
 from modules.kernels import glu as glu_kernel
 from modules.mlps.base import gated
 
@@ -92,18 +93,8 @@ def test_which_calls_take_the_kernel(monkeypatch):
     calls.clear()
     GPT(GPTConfig.from_dict({**base, "mlp": {"name": "geglu", "approximate": "none"}}))(idx)
     assert calls == []
-    seen = []
-
-    def recording(gm, example_inputs):  # compiled: PyTorch ops, which inductor fuses; no call of the kernel
-        seen.append(gm)
-        return gm
-
-    torch._dynamo.reset()
-    try:
-        torch.compile(lambda t: gated(t, F.silu, "silu"), backend=recording)(h)
-    finally:
-        torch._dynamo.reset()
-    assert seen and calls == []
+    _, graphs = traced(lambda t: gated(t, F.silu, "silu"), h)  # compiled: PyTorch ops, which inductor fuses
+    assert graphs and calls == []
 
 
 def test_kernel_off_is_one_warning_and_pytorch_ops(monkeypatch):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from kernels_testing import traced
 from modules.kernels import rotary as rotary_kernel
 from modules.positions.base import apply_rotary
 
@@ -95,19 +96,9 @@ def test_which_calls_take_the_kernel(monkeypatch):
     apply_rotary(x[:, :, :, :8], (cos[..., :4], sin[..., :4]))  # a width-strided slice: unit stride kept, kernel
     apply_rotary(x.transpose(2, 3), (angles(1, 16, 4, seed=0)))  # no unit stride in the rotated dim: PyTorch ops
     assert calls == [torch.float32, torch.bfloat16, torch.float32]
-    seen = []
-
-    def recording(gm, example_inputs):  # compiled: the formula, which inductor fuses; no call of the kernel
-        seen.append(gm)
-        return gm
-
-    torch._dynamo.reset()
-    try:
-        torch.testing.assert_close(torch.compile(lambda t: apply_rotary(t, (cos, sin)), backend=recording)(x), ref,
-                                   rtol=1e-6, atol=1e-6)
-    finally:
-        torch._dynamo.reset()
-    assert seen and len(calls) == 3
+    out, graphs = traced(lambda t: apply_rotary(t, (cos, sin)), x)  # compiled: the formula, which inductor fuses
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    assert graphs and len(calls) == 3
 
 
 def test_kernel_off_is_one_warning_and_pytorch_ops(monkeypatch):

@@ -15,11 +15,7 @@
 
 namespace {
 
-using ablations_kernels::from_f32;
-using ablations_kernels::kS1;
-using ablations_kernels::kS3;
-using ablations_kernels::sigmoid_pair;
-using ablations_kernels::to_f32;
+using namespace ablations_kernels;  // bf16.h's conversions, sigmoid.h's sigmoid
 
 // The spans are functions of their own, never inlined into the parallel_for lambdas: inlined into OpenMP's outlined
 // region (its pointers captured), the backward loop lost its restrict pointers and ran 9x slower.

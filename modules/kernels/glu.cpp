@@ -14,11 +14,7 @@
 
 namespace {
 
-using ablations_kernels::from_f32;
-using ablations_kernels::kS1;
-using ablations_kernels::kS3;
-using ablations_kernels::sigmoid_pair;
-using ablations_kernels::to_f32;
+using namespace ablations_kernels;  // bf16.h's conversions, sigmoid.h's sigmoid
 
 enum Gate : int64_t { kSilu = 0, kGeluTanh = 1 };
 

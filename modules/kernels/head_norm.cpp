@@ -19,8 +19,7 @@ namespace {
 
 constexpr int64_t kMaxWidth = 1024;  // the widest head it takes (layernorm.py sends wider ones to F.layer_norm)
 
-using ablations_kernels::from_f32;
-using ablations_kernels::to_f32;
+using namespace ablations_kernels;  // bf16.h's conversions
 
 // One head (T rows of d numbers, rows sx apart): per row mean and 1/sqrt(var + eps), y = (x - mean) rstd w + b.
 // A function of its own per head, never inlined into the parallel_for lambda (gelu_tanh.cpp: restrict pointers

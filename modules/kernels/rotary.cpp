@@ -11,8 +11,7 @@
 
 namespace {
 
-using ablations_kernels::from_f32;
-using ablations_kernels::to_f32;
+using namespace ablations_kernels;  // bf16.h's conversions
 
 // The T rows of one head of one sequence, each of d = 2h numbers: (x1 c - sign x2 s, x2 c + sign x1 s) over its
 // halves; sign -1 rotates back (the backward: a rotation's gradient is the rotation by the opposite angle). x's rows
