@@ -264,7 +264,8 @@ def measure(model: str | None, arms: list[tuple[str, list[str]]], steps: int, ro
             "device_name": ", ".join(torch.cuda.get_device_name() if d.startswith("cuda") else cpu_model()
                                      for d in sorted(devices)),
             "threads": torch.get_num_threads(), "malloc": malloc_mode(), "torch": torch.__version__,
-            "steps_per_round": steps, "path_rule": PATH_RULES[path], "kernels": eager_kernels(),
+            "steps_per_round": steps, "path_rule": PATH_RULES[path],
+            "kernels": eager_kernels() if "cpu" in devices else {},  # CPU kernels: none on an accelerator
             "warmup_steps": warmup, "rounds": rounds, "order": ORDER, "load_average_start": load_start,
             "load_average_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             "reference": ref, "arms": arms_out, "emulated": notes}
