@@ -45,7 +45,7 @@ __attribute__((noinline)) void backward_span(const T* __restrict__ dy, const T* 
 }
 
 void check(const at::Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+  TORCH_CHECK(x.device().is_cpu() && fp32_or_bf16(x.scalar_type()),
               "gelu_tanh: a CPU tensor of fp32 or bf16 (modules/kernels/gelu_tanh.py decides which calls come here)");
 }
 
@@ -62,7 +62,7 @@ at::Tensor tanh_gelu_forward(const at::Tensor& x_in) {
     T* yp = y.data_ptr<T>();
     at::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) { forward_span(xp + b, yp + b, e - b); });
   };
-  if (x.scalar_type() == at::kFloat) run(float()); else run(c10::BFloat16());
+  by_dtype(x.scalar_type(), run);
   return y;
 }
 
@@ -79,7 +79,7 @@ at::Tensor tanh_gelu_backward(const at::Tensor& dy_in, const at::Tensor& x_in) {
     T* dp = dx.data_ptr<T>();
     at::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) { backward_span(gp + b, xp + b, dp + b, e - b); });
   };
-  if (x.scalar_type() == at::kFloat) run(float()); else run(c10::BFloat16());
+  by_dtype(x.scalar_type(), run);
   return dx;
 }
 

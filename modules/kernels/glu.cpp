@@ -75,7 +75,7 @@ void run_rows(bool backward, int64_t g, const T* da, const T* h, T* out, int64_t
 }
 
 void check(const at::Tensor& h, int64_t g) {
-  TORCH_CHECK(h.device().is_cpu() && (h.scalar_type() == at::kFloat || h.scalar_type() == at::kBFloat16) &&
+  TORCH_CHECK(h.device().is_cpu() && fp32_or_bf16(h.scalar_type()) &&
               h.dim() >= 1 && h.size(-1) % 2 == 0 && (g == kSilu || g == kGeluTanh),
               "glu: h must be a CPU fp32 or bf16 tensor of even last size, gate 0 (silu) or 1 (gelu tanh)");
 }
@@ -90,11 +90,10 @@ at::Tensor gated_forward(const at::Tensor& h_in, int64_t g) {
   auto sizes = h.sizes().vec();
   sizes.back() = H;
   auto a = at::empty(sizes, h.options());
-  if (h.scalar_type() == at::kFloat) {
-    run_rows<float>(false, g, nullptr, h.data_ptr<float>(), a.data_ptr<float>(), rows, H);
-  } else {
-    run_rows<c10::BFloat16>(false, g, nullptr, h.data_ptr<c10::BFloat16>(), a.data_ptr<c10::BFloat16>(), rows, H);
-  }
+  by_dtype(h.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    run_rows<T>(false, g, nullptr, h.data_ptr<T>(), a.data_ptr<T>(), rows, H);
+  });
   return a;
 }
 
@@ -106,12 +105,10 @@ at::Tensor gated_backward(const at::Tensor& da_in, const at::Tensor& h_in, int64
   const int64_t H = h.size(-1) / 2, rows = H ? h.numel() / (2 * H) : 0;
   TORCH_CHECK(da.numel() == rows * H, "glu: da must have h's rows and half its width");
   auto dh = at::empty(h.sizes(), h.options());
-  if (h.scalar_type() == at::kFloat) {
-    run_rows<float>(true, g, da.data_ptr<float>(), h.data_ptr<float>(), dh.data_ptr<float>(), rows, H);
-  } else {
-    run_rows<c10::BFloat16>(true, g, da.data_ptr<c10::BFloat16>(), h.data_ptr<c10::BFloat16>(),
-                            dh.data_ptr<c10::BFloat16>(), rows, H);
-  }
+  by_dtype(h.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    run_rows<T>(true, g, da.data_ptr<T>(), h.data_ptr<T>(), dh.data_ptr<T>(), rows, H);
+  });
   return dh;
 }
 

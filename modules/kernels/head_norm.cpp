@@ -76,7 +76,7 @@ __attribute__((noinline)) void backward_head(const T* __restrict__ dy, int64_t s
 }
 
 void check(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+  TORCH_CHECK(x.device().is_cpu() && fp32_or_bf16(x.scalar_type()) &&
               x.dim() == 4 && x.stride(3) == 1 && x.size(3) <= kMaxWidth, "head_norm: x must be a CPU (B, H, T, d) "
               "fp32 or bf16 tensor with unit stride in d, d <= 1024");
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.numel() == x.size(3), "head_norm: w must be fp32 of x's last size");
@@ -124,7 +124,7 @@ std::vector<at::Tensor> head_norm_forward(const at::Tensor& x, const at::Tensor&
       }
     });
   };
-  if (x.scalar_type() == at::kFloat) run(float()); else run(c10::BFloat16());
+  by_dtype(x.scalar_type(), run);
   return {y, mean, rstd};
 }
 
@@ -158,7 +158,7 @@ std::vector<at::Tensor> head_norm_backward(const at::Tensor& dy_in, const at::Te
       }
     });
   };
-  if (x.scalar_type() == at::kFloat) run(float()); else run(c10::BFloat16());
+  by_dtype(x.scalar_type(), run);
   return {dx, partial.select(1, 0).sum(0), partial.select(1, 1).sum(0)};
 }
 

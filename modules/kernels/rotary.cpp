@@ -37,7 +37,7 @@ __attribute__((noinline)) void rotate_head(const T* __restrict__ x, int64_t sx, 
 // x (B, H, T, d), any strides with unit stride in d; cos, sin (Bc, 1, T, d/2) fp32, Bc 1 (every row the same
 // positions) or B -> (B, H, T, d) contiguous, in x's dtype
 at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos_in, const at::Tensor& sin_in, double sign) {
-  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+  TORCH_CHECK(x.device().is_cpu() && fp32_or_bf16(x.scalar_type()) &&
               x.dim() == 4 && x.stride(3) == 1 && x.size(3) % 2 == 0,
               "rotary: x must be a CPU (B, H, T, d) fp32 or bf16 tensor, d even, unit stride in d");
   const int64_t B = x.size(0), H = x.size(1), T = x.size(2), h = x.size(3) / 2;
@@ -61,7 +61,7 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos_in, const at::Tenso
       }
     });
   };
-  if (x.scalar_type() == at::kFloat) run(float()); else run(c10::BFloat16());
+  by_dtype(x.scalar_type(), run);
   return out;
 }
 
