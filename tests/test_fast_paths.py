@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modules.attention.base import sdpa
+from modules.attention.base import math_attention, sdpa
 from modules.attention.sliding import blocked_sliding_attention
 from modules.config import GPTConfig
 from modules.gpt import GPT
@@ -228,6 +228,58 @@ def test_mla_absorbs_only_where_it_is_exact():
     assert not plain.blocks[0].attn.absorbs(5, cache)  # prefill/training: expanded
     assert not plain.blocks[0].attn.absorbs(1, None)
     assert not qk.blocks[0].attn.absorbs(1, cache)  # the k norm sits after the up-projection
+
+
+# ---- MLA's attention on the CPU: q and k wider than v ------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["causal", "bool", "bias"])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_math_attention_matches_sdpa_in_float64(kind, scale):
+    """The written-out attention MLA's widths take on the CPU against PyTorch's SDPA (its math path: different q/k
+    and v widths), forward and every input's gradient, under each mask `sdpa` accepts."""
+    B, nh, T, d, dv = 2, 3, 6, 12, 8
+    S = T if kind == "causal" else 9
+    q, k, v = (randn(B, nh, n, w, seed=i, dtype=torch.float64).requires_grad_()
+               for i, (n, w) in enumerate([(T, d), (S, d), (S, dv)]))
+    mask = None
+    if kind == "bool":
+        mask = torch.rand(B, 1, T, S, generator=gen(3)) > 0.4
+        mask[..., 0] = True
+    elif kind == "bias":
+        mask = randn(B, nh, T, S, seed=4, dtype=torch.float64)
+        mask = mask.masked_fill(torch.rand(B, nh, T, S, generator=gen(5)) > 0.7, float("-inf"))
+        mask[..., 0] = 0.0
+    ref_mask = mask if mask is None or mask.dtype == torch.bool else mask.clone()
+    got = math_attention(q, k, v, mask, 0.0, scale)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=ref_mask, is_causal=mask is None, scale=scale)
+    torch.testing.assert_close(got, want)
+    g = randn(B, nh, T, dv, seed=6, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g))
+
+
+def test_math_attention_drops_attention_weights():
+    q, k, v = randn(1, 2, 4, 6), randn(1, 2, 4, 6, seed=1), randn(1, 2, 4, 4, seed=2)
+    assert torch.equal(math_attention(q, k, v, None, 1.0), torch.zeros(1, 2, 4, 4))  # every weight dropped
+
+
+def test_mla_trains_on_the_cpu_through_math_attention(monkeypatch):
+    """SDPA's CPU flash kernel needs one width: MLA's q and k (hs + dr) against v (hs) take the written-out form,
+    in fp32 under bf16 autocast as `sdpa` computes attention on the CPU; equal widths (rope_dim 0) keep SDPA."""
+    import modules.attention.base as base
+    widths, real = [], base.math_attention
+
+    def spy(q, k, v, *rest):
+        widths.append((q.size(-1), q.dtype))
+        return real(q, k, v, *rest)
+
+    monkeypatch.setattr(base, "math_attention", spy)
+    idx = torch.randint(0, 64, (2, 16), generator=gen(0))
+    for rope_dim, calls in ((4, [(12, torch.float32)] * 2), (0, [])):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**TINY, attention={"name": "mla", "rope_dim": rope_dim}))
+        widths.clear()
+        with torch.autocast("cpu", torch.bfloat16):
+            model(idx).float().sum().backward()
+        assert widths == calls
 
 
 # ---------------------------------------------------------------------------------------------------- rope

@@ -95,10 +95,12 @@ def sdpa(q, k, v, mask, dropout_p: float, scale: float | None = None):
         # FLOPs, so compute it in fp32 (more accurate too) and cast the output back.
         with torch.autocast("cpu", enabled=False):
             return sdpa(q.float(), k.float(), v.float(), mask, dropout_p, scale).to(q.dtype)
-    if mask is not None and mask.is_floating_point():
-        mask = mask.to(q.dtype)  # SDPA wants a float mask in the query dtype (bf16 under autocast)
     B, nh, T, _ = q.shape
     nkv = k.size(1)
+    if q.device.type == "cpu" and q.size(-1) != v.size(-1) and nkv == nh:
+        return math_attention(q, k, v, mask, dropout_p, scale)  # e.g. MLA: no CPU flash kernel for these widths
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(q.dtype)  # SDPA wants a float mask in the query dtype (bf16 under autocast)
     if nkv != nh and T == 1:
         # One query per head (decoding): the g = nh/nkv query heads of a group become g query rows against their
         # one kv head, a plain attention with nkv heads. (SDPA's enable_gqa on CPU costs as much as full MHA.)
@@ -112,3 +114,24 @@ def sdpa(q, k, v, mask, dropout_p: float, scale: float | None = None):
         return y.reshape(B, nh, 1, v.size(-1))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=dropout_p,
                                           scale=scale, enable_gqa=nkv != nh)
+
+
+def math_attention(q, k, v, mask, dropout_p: float, scale: float | None = None):
+    """softmax(q k^T * scale + mask) v written out, with `sdpa`'s mask convention, for q, k (B, nh, T|S, d) and
+    v (B, nh, S, dv) -> (B, nh, T, dv). For the CPU where q and k are wider than v (MLA): PyTorch's CPU flash kernel
+    needs one width, and SDPA's own math path masks the causal scores with a boolean tril, which inductor fuses
+    into a softmax 2-3x slower than this additive bias (docs/bench.md, "MLA"). The scale goes on q (B nh T d numbers,
+    not B nh T S)."""
+    B, nh, T, d = q.shape
+    S = k.size(2)
+    scores = (q * (d ** -0.5 if scale is None else scale)) @ k.transpose(-1, -2)  # (B, nh, T, S)
+    if mask is None:  # plain causal over this call's keys (S == T)
+        scores = scores + torch.full((T, S), float("-inf"), dtype=scores.dtype, device=scores.device).triu(1)
+    elif mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    else:
+        scores = scores + mask.to(scores.dtype)
+    p = torch.softmax(scores, dim=-1)
+    if dropout_p > 0:
+        p = F.dropout(p, dropout_p)
+    return p @ v  # (B, nh, T, dv)
