@@ -55,14 +55,20 @@ def paired_blocks(res: dict | None, path: str | None) -> list:
                        "`paired=FILE`."))
         return b
     ref = res.get("reference", res["arms"][0]["name"])
-    b.append(("p", f"From `{path}`: every arm built in one process and timed in {res.get('rounds')} interleaved "
+    n = res.get("processes", 1)
+    where = f"in each of {n} fresh processes, one after another," if n > 1 else "in one process"
+    ratio = (f"per process, the geometric mean of its rounds' paired ratios (arm tokens/s ÷ `{ref}` tokens/s in the "
+             f"same round); here the geometric mean of the {n} processes' ratios with a 95% t interval over them, "
+             "which includes what varies between processes (memory layout, the machine's load over minutes)"
+             if n > 1 else f"per round, arm tokens/s ÷ `{ref}` tokens/s in the same round; geometric mean over rounds "
+             "with a 95% t interval on the log ratios")
+    b.append(("p", f"From `{path}`: every arm built {where} and timed in {res.get('rounds')} interleaved "
                    f"rounds of {res.get('steps_per_round')} training steps (forward, backward, clipping, AdamW) of "
                    f"{res.get('tokens_per_step')} tokens each; model `{res.get('model')}`, "
                    f"{res.get('precision')} on {res.get('device')} ({res.get('device_name')}, {res.get('threads')} "
                    f"threads), torch {res.get('torch')}{_commit(res)}; load average "
-                   f"{_load(res.get('load_average_start'))} → {_load(res.get('load_average_end'))}. Ratio: per "
-                   f"round, arm tokens/s ÷ `{ref}` tokens/s in the same round; geometric mean over rounds with a "
-                   "95% t interval on the log ratios. Command: "
+                   f"{_load(res.get('load_average_start'))} → {_load(res.get('load_average_end'))}. Ratio: "
+                   f"{ratio}. Command: "
                    f"`{res.get('command', 'python -m ablations.paired')}`."))
     if res.get("path_rule"):
         kernels = "; ".join(f"{k}: {v}" for k, v in (res.get("kernels") or {}).items())
@@ -77,7 +83,8 @@ def paired_blocks(res: dict | None, path: str | None) -> list:
              f"{min(a['tokens_per_sec']):,.0f} – {max(a['tokens_per_sec']):,.0f}", _flops(a, res["arms"], ref),
              _ratio(a, ref)]
             for a in res["arms"]]
-    b.append(("table", ["arm", "overrides", "params", "path", "tokens/s (median over rounds)", "range over rounds",
+    median = "median of the processes' medians" if n > 1 else "median over rounds"
+    b.append(("table", ["arm", "overrides", "params", "path", f"tokens/s ({median})", "range over rounds",
                         f"FLOPs/token ÷ `{ref}`'s", f"ratio to `{ref}` [95% CI]"], rows))
     return b + history_blocks(res.get("history") or [], ref)
 

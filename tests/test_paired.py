@@ -10,9 +10,11 @@ import pytest
 from commands_testing import run_main
 
 from ablations.bench.timing import ratio_summary
+from ablations.bench.paired import PairedError
 from ablations.paired import main, parse_arm
 
 T_975_DF4 = 2.776445  # Student's t, 97.5th percentile, 4 degrees of freedom (any t table)
+T_975_DF2 = 4.302653  # the same, 2 degrees of freedom
 
 
 def test_ratio_summary_by_hand():
@@ -45,6 +47,7 @@ def test_parse_arm():
     (["a=", "b=norm"], "override 'norm' is not KEY=VALUE"),
     (["rounds=0", "a=", "b="], "rounds=0: must be an integer >= 1"),
     (["probe_rounds=0", "a=", "b="], "probe_rounds=0: must be an integer >= 1"),
+    (["processes=0", "a=", "b="], "processes=0: must be an integer >= 1"),
     (["history=/nonexistent/paired.json", "a=", "b="], "history=/nonexistent/paired.json: cannot read it"),
     # what the paired step cannot honour per arm is refused, not silently dropped
     (["model=tiny", "a=", "m=optim=muon"], "arm 'm': optim.name=muon changes the training step"),
@@ -345,3 +348,97 @@ def test_history_keeps_the_earlier_figures_and_their_own_history(tmp_path):
     assert h[0]["arms"][1]["ratio"] == 0.822 and h[0]["arms"][1]["ratio_ci_low"] == 0.797
     assert "tokens_per_sec" not in h[0]["arms"][0]  # the summary, not the rounds
 
+
+
+# ---- processes=N: the spread between fresh processes ------------------------------------------------------------
+def process_result(ratios, paths=("compile", "compile"), rates=(100.0, 200.0)):
+    """What one process's json= holds, as far as combining and the summary read it: arms a (reference) and b."""
+    arms = []
+    for name, ratio, path, rate in zip("ab", (1.0, ratios), paths, rates):
+        arms.append({"name": name, "ratio": ratio, "ratio_ci_low": ratio * 0.99, "ratio_ci_high": ratio * 1.01,
+                     "ratio_per_round": [ratio, ratio], "tokens_per_sec": [rate, rate], "params": 10,
+                     "median_tokens_per_sec": rate, "path": path, "probe": None})
+    return {"tool": "ablations.paired", "model": "tiny", "precision": "32-true", "device": "cpu", "threads": 1,
+            "rounds": 2, "steps_per_round": 1, "tokens_per_step": 64, "reference": "a", "arms": arms,
+            "load_average_end": 0.5, "warmup_steps": 1, "emulated": {}}
+
+
+def test_processes_combine_by_hand():
+    from ablations.paired import combine_processes
+
+    runs = [process_result(0.95, rates=(110.0, 104.5)), process_result(1.00, rates=(100.0, 100.0)),
+            process_result(1.02, paths=("compile", "eager"), rates=(90.0, 91.8))]
+    runs[2]["load_average_end"] = 1.5
+    logs = [math.log(v) for v in (0.95, 1.00, 1.02)]
+    mean = sum(logs) / 3
+    half = T_975_DF2 * math.sqrt(sum((v - mean) ** 2 for v in logs) / 2) / math.sqrt(3)
+    out = combine_processes(runs)
+    a, b = out["arms"]
+    assert out["processes"] == 3 and out["load_average_end"] == 1.5
+    assert b["ratio"] == pytest.approx(math.exp(mean), rel=1e-12)
+    assert b["ratio_ci_low"] == pytest.approx(math.exp(mean - half), rel=1e-5)
+    assert b["ratio_ci_high"] == pytest.approx(math.exp(mean + half), rel=1e-5)
+    assert [p["ratio"] for p in b["per_process"]] == [0.95, 1.00, 1.02]
+    assert b["ratio_per_round"] == [0.95, 0.95, 1.00, 1.00, 1.02, 1.02]  # every round, pooled in order
+    assert b["median_tokens_per_sec"] == 100.0 and a["median_tokens_per_sec"] == 100.0  # the processes' median
+    assert b["path"] == "mixed: compile, compile, eager" and a["path"] == "compile"
+    assert (a["ratio"], a["ratio_ci_low"], a["ratio_ci_high"]) == (1.0, 1.0, 1.0)
+    assert runs[0]["arms"][1]["ratio"] == 0.95  # the processes' own files are not changed
+    with pytest.raises(PairedError, match="different arms"):
+        combine_processes([runs[0], {**runs[1], "arms": runs[1]["arms"][:1]}])
+
+
+def fake_processes(monkeypatch, ratios, codes=None):
+    """subprocess.run replaced for ablations.paired's processes: each call writes one process's file to its json=
+    (or fails with codes[i]); returns the argv lists it was given."""
+    import ablations.paired as paired
+
+    calls, real = [], subprocess.run
+
+    def run(cmd, **kw):
+        if cmd[1:3] != ["-m", "ablations.paired"]:  # git's, for the file's commit
+            return real(cmd, **kw)
+        i = len(calls)
+        calls.append(cmd)
+        code = (codes or [0] * len(ratios))[i]
+        if code == 0:
+            out = next(a for a in cmd if a.startswith("json=")).removeprefix("json=")
+            Path(out).write_text(json.dumps(process_result(ratios[i])))
+        return subprocess.CompletedProcess(cmd, code, f"summary of process {i}\n", None)
+
+    monkeypatch.setattr(paired.subprocess, "run", run)
+    return calls
+
+
+def test_processes_run_the_command_in_fresh_processes(monkeypatch, tmp_path):
+    calls = fake_processes(monkeypatch, [0.9, 1.0, 1.1])
+    out = tmp_path / "p.json"
+    r = run_main("ablations.paired", ["model=tiny", "processes=3", f"json={out}", "a=", "b=norm=rmsnorm"])
+    assert r.returncode == 0, r.stderr
+    assert len(calls) == 3
+    for cmd in calls:  # the same command, one process each, its file its own
+        assert cmd[1:3] == ["-m", "ablations.paired"]
+        args = cmd[3:]
+        assert args[:3] == ["model=tiny", "a=", "b=norm=rmsnorm"] and "processes=1" in args
+        assert [a for a in args if a.startswith("json=")] != [f"json={out}"]
+    res = json.loads(out.read_text())
+    assert res["processes"] == 3 and [p["ratio"] for p in res["arms"][1]["per_process"]] == [0.9, 1.0, 1.1]
+    assert "3 processes x 2 rounds" in r.stdout and "per process: x0.900, x1.000, x1.100" in r.stdout
+    assert "summary of process 1" in r.stderr and "summary of process" not in r.stdout
+    from analysis.paired import paired_blocks
+
+    text = " ".join(str(blk) for blk in paired_blocks(res, str(out)))
+    assert "in each of 3 fresh processes" in text and "95% t interval over them" in text
+    assert "median of the processes' medians" in text and "in one process" not in text
+
+
+@pytest.mark.parametrize("code,lines", [(1, 1), (2, 0)])
+def test_a_failed_process_stops_the_rest_and_writes_nothing(monkeypatch, tmp_path, code, lines):
+    calls = fake_processes(monkeypatch, [0.9, 1.0, 1.1], codes=[0, code, 0])
+    out = tmp_path / "p.json"
+    r = run_main("ablations.paired", ["processes=3", f"json={out}", "a=", "b=norm=rmsnorm"])
+    assert r.returncode == code and len(calls) == 2 and not out.exists()
+    err = [line for line in r.stderr.splitlines() if line.startswith("ablations.paired: error:")]
+    assert len(err) == lines  # exit 2: the process said the bad input in its own one line
+    if lines:
+        assert "process 2 exited with code 1; nothing written" in err[0]
