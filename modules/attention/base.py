@@ -118,11 +118,11 @@ def sdpa(q, k, v, mask, dropout_p: float, scale: float | None = None):
 
 def math_attention(q, k, v, mask, dropout_p: float, scale: float | None = None):
     """softmax(q k^T * scale + mask) v written out, with `sdpa`'s mask convention, for q, k (B, nh, T|S, d) and
-    v (B, nh, S, dv) -> (B, nh, T, dv). For the CPU where q and k are wider than v (MLA): PyTorch's CPU flash kernel
-    needs one width, and SDPA's own math path masks the causal scores with a boolean tril, which inductor fuses
-    into a softmax 2-3x slower than this additive bias (docs/bench.md, "MLA"). The scale goes on q (B nh T d numbers,
-    not B nh T S)."""
-    B, nh, T, d = q.shape
+    v (B, nh, S, dv) -> (B, nh, T, dv). For the CPU where q and k differ in width from v (MLA's are wider): PyTorch's
+    CPU flash kernel needs one width, and SDPA's own math path masks the causal scores with a boolean tril, which
+    inductor fuses into a softmax 2-3x slower than this additive bias (docs/bench.md, "MLA's attention on the CPU").
+    The scale goes on q (B nh T d numbers, not B nh T S)."""
+    T, d = q.shape[-2:]
     S = k.size(2)
     scores = (q * (d ** -0.5 if scale is None else scale)) @ k.transpose(-1, -2)  # (B, nh, T, S)
     if mask is None:  # plain causal over this call's keys (S == T)
