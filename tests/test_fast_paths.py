@@ -407,6 +407,49 @@ def test_gelu_mlps_take_the_compiled_form_under_compile(mlp):
     torch.testing.assert_close(out, model(idx), rtol=1e-5, atol=1e-5)
 
 
+# ---- DyT's tanh under torch.compile on CPU ---------------------------------------------------------------------
+def test_dyt_as_compiled_matches_tanh_in_float64():
+    """Compiled on CPU, DyT's tanh(alpha x) is 2 sigmoid(2 alpha x) - 1 (modules/norms/dyt.py): against torch.tanh
+    in float64, the output and the gradients of x, alpha, weight and bias; eager it is torch.tanh itself."""
+    torch._dynamo.reset()
+    norm = GPT(GPTConfig(**{**TINY, "norm": "dyt"})).blocks[0].ln_1.double()
+    with torch.no_grad():
+        norm.alpha.fill_(0.8)
+        norm.weight.copy_(randn(32, seed=10, dtype=torch.float64))
+        norm.bias.copy_(randn(32, seed=11, dtype=torch.float64))
+    x = (3 * randn(4, 7, 32, seed=12, dtype=torch.float64)).requires_grad_()
+    dy = randn(4, 7, 32, seed=13, dtype=torch.float64)
+    out, ops = traced_by_dynamo(norm, x)
+    assert torch.sigmoid in ops and torch.tanh not in ops
+    params = [x, norm.alpha, norm.weight, norm.bias]
+    ref = torch.tanh(norm.alpha * x) * norm.weight + norm.bias  # eq. 1 of Zhu et al. 2025, written here
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for got, want in zip(torch.autograd.grad(out, params, dy), torch.autograd.grad(ref, params, dy)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(norm(x), ref)  # eager: torch.tanh
+
+
+def test_dyt_compiled_form_in_fp32_is_within_its_stated_error():
+    """The docstring's bound: in fp32 the sigmoid form is off tanh (float64) by at most ~2e-7, absolute, from the
+    saturated tails through 0."""
+    torch._dynamo.reset()
+    norm = GPT(GPTConfig(**{**TINY, "norm": "dyt"})).blocks[0].ln_1
+    with torch.no_grad():
+        norm.alpha.fill_(1.0)
+    z = torch.linspace(-20, 20, 100_001).unsqueeze(-1).expand(-1, 32)
+    out, _ = traced_by_dynamo(norm, z)
+    assert (out.double() - torch.tanh(z.double())).abs().max().item() < 2.5e-7
+
+
+def test_dyt_model_takes_the_compiled_form_under_compile():
+    torch._dynamo.reset()
+    model = GPT(GPTConfig(**{**TINY, "norm": "dyt"}))
+    idx = torch.randint(0, 64, (2, 8), generator=gen(9))
+    out, ops = traced_by_dynamo(model, idx)
+    assert torch.sigmoid in ops and torch.tanh not in ops
+    torch.testing.assert_close(out, model(idx), rtol=1e-5, atol=1e-5)
+
+
 # ---- rope's tables for positions from zero ------------------------------------------------------------------------
 def test_rope_table_rows_are_cos_and_sin_of_position_times_frequency():
     model = GPT(GPTConfig(**{**TINY, "position": "rope"}))

@@ -3,6 +3,12 @@
 No statistics at all: an element-wise squashing with one learnable scalar alpha per layer (init alpha_init; the
 paper's default is 0.5) and per-channel weight (init 1) and bias (init 0). The bias is part of the definition, so
 it is kept even when the model has bias=false.
+
+Compiled on CPU, tanh is written as 2 sigmoid(2z) - 1, the same function: inductor's CPU lowering of tanh took 1.8x
+as long as this form forward and backward together (one DyT at (2048, 128) fp32, one thread, an AVX2 EPYC: 2.5 ms
+against 1.4 ms; a compiled small-cpu step with DyT ran 5.7% under the LayerNorm baseline; docs/bench.md, "DyT's tanh
+under compile"). The form's error is absolute, at most ~2e-7 (two units in fp32's last place at 1), not relative to
+tanh's value near 0: negligible beside the output's scale, as the tests check against float64.
 """
 from dataclasses import dataclass
 
@@ -34,4 +40,9 @@ class DyT(Norm):
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x):  # (..., dim)
-        return torch.tanh(self.alpha * x) * self.weight + self.bias
+        z = self.alpha * x
+        if torch.compiler.is_compiling() and x.device.type == "cpu":
+            t = 2 * torch.sigmoid(2 * z) - 1  # = tanh(z), see the docstring
+        else:
+            t = torch.tanh(z)
+        return t * self.weight + self.bias
