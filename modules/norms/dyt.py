@@ -8,7 +8,10 @@ Compiled on CPU, tanh is written as 2 sigmoid(2z) - 1, the same function: induct
 as long as this form forward and backward together (one DyT at (2048, 128) fp32, one thread, an AVX2 EPYC: 2.5 ms
 against 1.4 ms; a compiled small-cpu step with DyT ran 5.7% under the LayerNorm baseline; docs/bench.md, "DyT's tanh
 under compile"). The form's error is absolute, at most ~2e-7 (two units in fp32's last place at 1), not relative to
-tanh's value near 0: negligible beside the output's scale, as the tests check against float64.
+tanh's value near 0: negligible beside the output's scale, as the tests check against float64. (Inductor itself
+emitted this form until PyTorch issue 148241, where a sign near 0 mattered (atan2 downstream); it now calls Sleef's
+tanh and keeps the form behind `torch._inductor.config.cpp.use_decompose_tanh`. DyT's output feeds a matmul, where
+only the absolute error counts.)
 """
 from dataclasses import dataclass
 
