@@ -29,6 +29,21 @@ def ninja_path() -> str | None:
     return path if shutil.which("ninja") else None
 
 
+def x86_wide_vectors() -> tuple[str, ...]:
+    """gcc's flag for 512-bit vectors where -march=native has them (AVX-512; elsewhere the widest there is):
+    by default gcc vectorises with 256 bits on such CPUs. The flag is x86's alone."""
+    return ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ()
+
+
+# -fopenmp: at::parallel_for is a template whose parallel branch exists only where _OPENMP is defined; the library
+# linked is libgomp.so.1, the one torch has already loaded (one thread pool).
+# -fno-trapping-math: the kernels' branch-free exp (sigmoid.h) clamps its argument, and gcc (12) threads the clamp into
+# jumps around the arithmetic it makes constant; assuming that arithmetic may trap, it will not turn them back into
+# selects, and the loop stays scalar ("control flow in loop", -fopt-info-vec-missed): on an AVX2-only EPYC the GELU
+# kernel ran 2.8x slower than ATen's GELU (docs/bench.md, "Eager GELU"). Without traps it vectorises (GELU's, the
+# GLUs' and DyT's loops). Values are unchanged: the flag concerns floating-point exceptions, which nothing here
+# reads; no reassociation, no change of rounding (GELU's and the GLUs' outputs were the same bit for bit).
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math", *x86_wide_vectors())
 LIBRARY = Path(__file__).with_name("kernels.cpp")  # includes every kernel's .cpp: one compile of torch's headers
 _library: dict = {}  # {"ok": whether the library loaded, "why": the reason it did not}
 
@@ -49,7 +64,8 @@ def build_tag(directory: Path = LIBRARY.parent) -> str:
     text = "\n".join(info) or f"{platform.machine()} {platform.processor()}"
     code = b"".join(f.name.encode() + b"\0" + f.read_bytes() for f in sorted(directory.glob("*.[ch]*"))
                     if f.suffix in (".cpp", ".h"))
-    return hashlib.sha1(text.encode() + b"\0" + code).hexdigest()[:10]
+    flags = " ".join(CFLAGS).encode()  # a change of flags is a new build too
+    return hashlib.sha1(text.encode() + b"\0" + code + b"\0" + flags).hexdigest()[:10]
 
 
 def load_library() -> str | None:
@@ -68,11 +84,9 @@ def _load(path: str) -> str | None:
         from torch.utils.cpp_extension import load
 
         # -march=native: one build per CPU kind and code (build_tag), each cached by torch under its own name.
-        # -fopenmp: at::parallel_for is a template whose parallel branch exists only where _OPENMP is defined;
-        # the library linked is libgomp.so.1, the one torch has already loaded (one thread pool)
-        load(f"ablations_kernels_{build_tag()}", sources=[str(LIBRARY)],
-             extra_cflags=["-O3", "-march=native", "-fopenmp", *x86_wide_vectors()], extra_ldflags=["-fopenmp"],
-             is_python_module=False, verbose=False)
+        # the flags: CFLAGS
+        load(f"ablations_kernels_{build_tag()}", sources=[str(LIBRARY)], extra_cflags=list(CFLAGS),
+             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         return None
     except Exception as e:  # noqa: BLE001 - any build failure leaves the PyTorch paths, which are correct
         return " ".join(str(e).split())[:300] or type(e).__name__
@@ -111,9 +125,3 @@ class Kernel:
             warnings.warn(self.warning.format(why=why), RuntimeWarning, stacklevel=3)
         self.built.update(module=module, why=why)
         return module
-
-
-def x86_wide_vectors() -> tuple[str, ...]:
-    """gcc's flag for 512-bit vectors where -march=native has them (AVX-512; elsewhere the widest there is):
-    by default gcc vectorises with 256 bits on such CPUs. The flag is x86's alone."""
-    return ("-mprefer-vector-width=512",) if platform.machine().lower() in ("x86_64", "amd64") else ()

@@ -1,5 +1,6 @@
 // The sigmoid the CPU kernels share (GELU's tanh form is x sigmoid(2u); SiLU is x sigmoid(x)), written so that
-// loops calling it vectorise: no branch, no libm call.
+// loops calling it vectorise: no branch, no libm call (with -fno-trapping-math, modules/kernels/build.py: without it
+// gcc 12 kept its clamp as jumps and those loops ran scalar on an AVX2-only EPYC).
 #pragma once
 #include <cmath>
 #include <cstdint>
