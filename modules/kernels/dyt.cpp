@@ -9,20 +9,20 @@
 #include <torch/library.h>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
+
+#include "sigmoid.h"
 
 namespace ablations_dyt {
 
-// e = exp(v) and m = e - 1 for v <= 0: v = n ln2 + r, |r| <= ln2/2, q = exp(r) - 1 = r (1 + r/2 + r^2/6 + ...) to r^7
-// (relative error < 2e-7), e = 2^n (1 + q). m is q itself for n = 0 (|v| < ln2/2), never a difference of nearly
-// equal numbers, so tanh keeps its relative precision near 0; for n < 0, e <= 0.71 and e - 1 loses nothing. v is
-// clamped at -104 (e below float's smallest denormal); 2^n is applied as two halves, each a normal float. Branch-free
-// (both computed, one selected), so the loops calling it vectorise (modules/kernels/build.py: with the flags there).
+// e = exp(v) and m = e - 1 for v <= 0: v = n ln2 + r (sigmoid.h), q = exp(r) - 1 = r (1 + r/2 + r^2/6 + ...) to
+// r^7 (relative error < 2e-7), e = 2^n (1 + q). m is q itself for n = 0 (|v| < ln2/2), never a difference of nearly
+// equal numbers, so tanh keeps its relative precision near 0; for n < 0, e <= 0.71 and e - 1 loses nothing.
+// Branch-free (both computed, one selected), so the loops calling it vectorise (modules/kernels/build.py: with the
+// flags there).
 inline void exp_expm1_neg(float v, float& e, float& m) {
-  v = v < -104.f ? -104.f : (v > 0.f ? 0.f : v);
-  const float n = std::nearbyint(v * 1.4426950408889634f);
-  const float r = (v - n * 0.693145751953125f) - n * 1.4286067653e-06f;  // ln 2 in two parts: r stays exact
+  float r;
+  const float n = ablations_kernels::reduce_ln2(v, r);
   float p = 1.f / 5040.f;
   p = p * r + 1.f / 720.f;
   p = p * r + 1.f / 120.f;
@@ -31,12 +31,7 @@ inline void exp_expm1_neg(float v, float& e, float& m) {
   p = p * r + 0.5f;
   p = p * r + 1.f;
   const float q = p * r;  // exp(r) - 1
-  const int32_t ni = static_cast<int32_t>(n), half = ni >> 1;
-  const int32_t bits_a = (half + 127) << 23, bits_b = (ni - half + 127) << 23;
-  float a, b;
-  std::memcpy(&a, &bits_a, 4);
-  std::memcpy(&b, &bits_b, 4);
-  e = (1.f + q) * a * b;
+  e = ablations_kernels::times_pow2(1.f + q, n);
   m = n == 0.f ? q : e - 1.f;
 }
 
