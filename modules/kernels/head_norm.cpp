@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "bf16.h"
@@ -18,61 +20,147 @@
 namespace {
 
 constexpr int64_t kMaxWidth = 1024;  // the widest head it takes (layernorm.py sends wider ones to F.layer_norm)
+constexpr int kRows = 4;             // rows in flight at once (below)
 
 using namespace ablations_kernels;  // bf16.h's conversions
 
-// One head (T rows of d numbers, rows sx apart): per row mean and 1/sqrt(var + eps), y = (x - mean) rstd w + b.
-// A function of its own per head, never inlined into the parallel_for lambda (gelu_tanh.cpp: restrict pointers
-// lost there, 9x slower).
+// Why rows in flight: a head's row is short (d = 32 in small-cpu), so a row's statistics are one chain of dependent
+// adds, its horizontal sum, then a division and a square root; one row at a time, every step waited for the one
+// before (0.5 ms forward and 1.0 ms backward per (32, 4, 64, 32) fp32 tensor on an AVX2 EPYC, ~10x a copy of it).
+// kRows rows advance together, each in its own 8-lane accumulator, so the CPU overlaps their chains.
+typedef float f32x8 __attribute__((vector_size(32)));  // gcc/clang vectors: one AVX register, two NEON ones
+inline f32x8 load8(const float* p) { f32x8 v; std::memcpy(&v, p, sizeof v); return v; }
+inline float lanes_sum(f32x8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+// A row as fp32: fp32 rows are read where they lie, bf16 rows widened into `buf`
+template <typename T>
+inline const float* as_f32(const T* __restrict__ row, float* __restrict__ buf, int64_t d) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row;
+  } else {
+    #pragma omp simd
+    for (int64_t j = 0; j < d; j++) buf[j] = to_f32(row[j]);
+    return buf;
+  }
+}
+
+// Per row of x[0..N): sum over j of f(x[k][j]), the first d8 (a multiple of 8) eight lanes at a time
+template <int N, typename F>
+inline void row_sums(const float* const* x, int64_t d, F f, float* out) {
+  const int64_t d8 = d & ~int64_t(7);
+  f32x8 acc[N];
+  for (int k = 0; k < N; k++) acc[k] = f32x8{};
+  for (int64_t j = 0; j < d8; j += 8)
+    for (int k = 0; k < N; k++) acc[k] += f(k, load8(x[k] + j));
+  for (int k = 0; k < N; k++) {
+    float s = lanes_sum(acc[k]);
+    for (int64_t j = d8; j < d; j++) s += f(k, x[k][j]);
+    out[k] = s;
+  }
+}
+
+// N rows (sx apart; y's d apart): per row mean and 1/sqrt(var + eps), y = (x - mean) rstd w + b
+template <int N, typename T>
+inline void forward_rows(const T* __restrict__ x, int64_t sx, const float* __restrict__ w, const float* __restrict__ b,
+                         T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t d, float eps,
+                         float (*buf)[kMaxWidth]) {
+  const float* xf[N];
+  float m[N], v[N];
+  for (int k = 0; k < N; k++) xf[k] = as_f32(x + k * sx, buf[k], d);
+  row_sums<N>(xf, d, [](int, auto e) { return e; }, m);
+  for (int k = 0; k < N; k++) m[k] /= d;
+  row_sums<N>(xf, d, [&](int k, auto e) { const auto c = e - m[k]; return c * c; }, v);
+  for (int k = 0; k < N; k++) {
+    const float r = 1.f / std::sqrt(v[k] / d + eps), mk = m[k];
+    const float* __restrict__ xk = xf[k];
+    T* __restrict__ yk = y + k * d;
+    #pragma omp simd
+    for (int64_t j = 0; j < d; j++) yk[j] = from_f32<T>((xk[j] - mk) * r * w[j] + b[j]);
+    mean[k] = mk;
+    rstd[k] = r;
+  }
+}
+
+// One head (T rows of d numbers, rows sx apart), kRows rows at a time. A function of its own per head, never inlined
+// into the parallel_for lambda (gelu_tanh.cpp: restrict pointers lost there, 9x slower).
 template <typename T>
 __attribute__((noinline)) void forward_head(const T* __restrict__ x, int64_t sx, const float* __restrict__ w,
                                             const float* __restrict__ b, T* __restrict__ y, float* __restrict__ mean,
                                             float* __restrict__ rstd, int64_t rows, int64_t d, float eps) {
-  float xf[kMaxWidth];  // the row widened once (bf16: the loops below then read fp32)
-  for (int64_t t = 0; t < rows; t++, x += sx, y += d) {
-    float s = 0.f;
-    #pragma omp simd reduction(+:s)
-    for (int64_t j = 0; j < d; j++) {
-      xf[j] = to_f32(x[j]);
-      s += xf[j];
-    }
-    const float m = s / d;
-    float v = 0.f;
-    #pragma omp simd reduction(+:v)
-    for (int64_t j = 0; j < d; j++) { const float c = xf[j] - m; v += c * c; }
-    const float r = 1.f / std::sqrt(v / d + eps);
-    #pragma omp simd
-    for (int64_t j = 0; j < d; j++) y[j] = from_f32<T>((xf[j] - m) * r * w[j] + b[j]);
-    mean[t] = m;
-    rstd[t] = r;
+  float buf[kRows][kMaxWidth];  // bf16 rows widened
+  int64_t t = 0;
+  for (; t + kRows <= rows; t += kRows)
+    forward_rows<kRows>(x + t * sx, sx, w, b, y + t * d, mean + t, rstd + t, d, eps, buf);
+  for (; t < rows; t++) forward_rows<1>(x + t * sx, sx, w, b, y + t * d, mean + t, rstd + t, d, eps, buf);
+}
+
+// One row's dx = r (g w - a - xhat c) and its part of dw (aw) and db (ab), given a = mean(g w), c = mean(g w xhat).
+// Not inlined: inlined, its pointers came from backward_rows' arrays of them and gcc left the loop scalar ("evolution
+// of base is not affine"), 3x slower.
+template <typename T>
+__attribute__((noinline)) void backward_row(const float* __restrict__ g, const float* __restrict__ x,
+                                            const float* __restrict__ w, float m, float r, float a, float c,
+                                            T* __restrict__ dx, float* __restrict__ aw, float* __restrict__ ab,
+                                            int64_t d) {
+  #pragma omp simd
+  for (int64_t j = 0; j < d; j++) {
+    const float xh = (x[j] - m) * r;
+    dx[j] = from_f32<T>(r * (g[j] * w[j] - a - xh * c));
+    aw[j] += g[j] * xh;
+    ab[j] += g[j];
   }
 }
 
-// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, xhat = (x - mean) rstd; aw += dy xhat, ab += dy (this
-// thread's part of dw and db). dy rows sdy apart, dx rows sdx apart.
+// N rows: dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, xhat = (x - mean) rstd; aw += dy xhat, ab += dy
+// (this thread's part of dw and db). dy rows sdy apart, x rows sx apart, dx rows sdx apart.
+template <int N, typename T>
+inline void backward_rows(const T* __restrict__ dy, int64_t sdy, const T* __restrict__ x, int64_t sx,
+                          const float* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
+                          T* __restrict__ dx, int64_t sdx, float* __restrict__ aw, float* __restrict__ ab, int64_t d,
+                          float (*buf)[kMaxWidth]) {
+  const float* gf[N];
+  const float* xf[N];
+  float s1[N], s2[N];
+  for (int k = 0; k < N; k++) {
+    gf[k] = as_f32(dy + k * sdy, buf[2 * k], d);
+    xf[k] = as_f32(x + k * sx, buf[2 * k + 1], d);
+  }
+  // per row the sums of g and of g xhat, two accumulators each (w's lanes loaded once for the N rows)
+  const int64_t d8 = d & ~int64_t(7);
+  f32x8 a1[N], a2[N];
+  for (int k = 0; k < N; k++) a1[k] = a2[k] = f32x8{};
+  for (int64_t j = 0; j < d8; j += 8) {
+    const f32x8 wj = load8(w + j);
+    for (int k = 0; k < N; k++) {
+      const f32x8 g = load8(gf[k] + j) * wj, xh = (load8(xf[k] + j) - mean[k]) * rstd[k];
+      a1[k] += g;
+      a2[k] += g * xh;
+    }
+  }
+  for (int k = 0; k < N; k++) {
+    s1[k] = lanes_sum(a1[k]);
+    s2[k] = lanes_sum(a2[k]);
+    for (int64_t j = d8; j < d; j++) {
+      const float g = gf[k][j] * w[j];
+      s1[k] += g;
+      s2[k] += g * (xf[k][j] - mean[k]) * rstd[k];
+    }
+  }
+  for (int k = 0; k < N; k++)
+    backward_row(gf[k], xf[k], w, mean[k], rstd[k], s1[k] / d, s2[k] / d, dx + k * sdx, aw, ab, d);
+}
+
 template <typename T>
 __attribute__((noinline)) void backward_head(const T* __restrict__ dy, int64_t sdy, const T* __restrict__ x,
                                              int64_t sx, const float* __restrict__ w, const float* __restrict__ mean,
                                              const float* __restrict__ rstd, T* __restrict__ dx, int64_t sdx,
                                              float* __restrict__ aw, float* __restrict__ ab, int64_t rows, int64_t d) {
-  for (int64_t t = 0; t < rows; t++, dy += sdy, x += sx, dx += sdx) {
-    const float m = mean[t], r = rstd[t];
-    float s1 = 0.f, s2 = 0.f;
-    #pragma omp simd reduction(+:s1, s2)
-    for (int64_t j = 0; j < d; j++) {
-      const float g = to_f32(dy[j]) * w[j];
-      s1 += g;
-      s2 += g * (to_f32(x[j]) - m) * r;
-    }
-    const float a = s1 / d, c = s2 / d;
-    #pragma omp simd
-    for (int64_t j = 0; j < d; j++) {
-      const float xh = (to_f32(x[j]) - m) * r, g = to_f32(dy[j]);
-      dx[j] = from_f32<T>(r * (g * w[j] - a - xh * c));
-      aw[j] += g * xh;
-      ab[j] += g;
-    }
-  }
+  float buf[2 * kRows][kMaxWidth];  // bf16 rows of dy and x widened
+  int64_t t = 0;
+  for (; t + kRows <= rows; t += kRows)
+    backward_rows<kRows>(dy + t * sdy, sdy, x + t * sx, sx, w, mean + t, rstd + t, dx + t * sdx, sdx, aw, ab, d, buf);
+  for (; t < rows; t++)
+    backward_rows<1>(dy + t * sdy, sdy, x + t * sx, sx, w, mean + t, rstd + t, dx + t * sdx, sdx, aw, ab, d, buf);
 }
 
 void check(const at::Tensor& x, const at::Tensor& w) {
