@@ -94,20 +94,20 @@ __attribute__((noinline)) void forward_head(const T* __restrict__ x, int64_t sx,
   for (; t < rows; t++) forward_rows<1>(x + t * sx, sx, w, b, y + t * d, mean + t, rstd + t, d, eps, buf);
 }
 
-// One row's dx = r (g w - a - xhat c) and its part of dw (aw) and db (ab), given a = mean(g w), c = mean(g w xhat).
-// Not inlined: inlined, its pointers came from backward_rows' arrays of them and gcc left the loop scalar ("evolution
-// of base is not affine"), 3x slower.
+// One row's dx = r (dy w - a - xhat c) and its part of dw (aw) and db (ab), given a = mean(dy w) and
+// c = mean(dy w xhat). Not inlined: inlined, its pointers came from backward_rows' arrays of them and gcc left the
+// loop scalar ("evolution of base is not affine"), 3x slower.
 template <typename T>
-__attribute__((noinline)) void backward_row(const float* __restrict__ g, const float* __restrict__ x,
+__attribute__((noinline)) void backward_row(const float* __restrict__ dy, const float* __restrict__ x,
                                             const float* __restrict__ w, float m, float r, float a, float c,
                                             T* __restrict__ dx, float* __restrict__ aw, float* __restrict__ ab,
                                             int64_t d) {
   #pragma omp simd
   for (int64_t j = 0; j < d; j++) {
     const float xh = (x[j] - m) * r;
-    dx[j] = from_f32<T>(r * (g[j] * w[j] - a - xh * c));
-    aw[j] += g[j] * xh;
-    ab[j] += g[j];
+    dx[j] = from_f32<T>(r * (dy[j] * w[j] - a - xh * c));
+    aw[j] += dy[j] * xh;
+    ab[j] += dy[j];
   }
 }
 
