@@ -1,8 +1,8 @@
 """QK-norm's CPU kernel (modules/kernels/head_norm.py) against PyTorch's own F.layer_norm computed in float64 on the
 same heads, output and the gradients of the input, weight and bias (by autograd): on head views of a fused q/k/v
 projection (strided), a contiguous input, MLA's one shared key head, with and without a bias, a width no multiple of
-a vector, two threads (the weight gradients summed over per-thread partials); bf16 rounded to nearest; and which
-calls take it.
+a vector, the widths with code of their own (32, 64, 128; rows left over from its blocks of rows), two threads (the
+weight gradients summed over per-thread partials); bf16 rounded to nearest; and which calls take it.
 """
 import pytest
 import torch
@@ -60,6 +60,37 @@ def test_fp32_matches_pytorch_in_float64(layout, bias, threads):
         torch.testing.assert_close(b.grad.double(), ref_db, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_widths_match_pytorch_in_float64(d, dtype):
+    # 32, 64 and 128 have code of their own (rows in registers, blocks of 4 rows forward and 2 backward): T = 11
+    # leaves rows over from both; q's heads strided in the projection's output; two threads
+    g = torch.Generator().manual_seed(d)
+    B, H, T = 2, 3, 11
+    x = (torch.randn(B, T, 3 * H * d, generator=g) * 3 + 1)[..., :H * d].view(B, T, H, d).transpose(1, 2)
+    x = x.to(dtype).requires_grad_()
+    w = (1 + 0.2 * torch.randn(d, generator=g)).requires_grad_()
+    b = (0.1 * torch.randn(d, generator=g)).requires_grad_()
+    dy = torch.randn(B, H, T, d, generator=g).to(dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        y = head_kernel.kernel().head_norm(x, w, b, 1e-5)
+        y.backward(dy)
+    finally:
+        torch.set_num_threads(before)
+    ref_y, ref_dx, ref_dw, ref_db = reference(x, w, b, dy, 1e-5)
+    assert y.dtype == x.grad.dtype == dtype and y.is_contiguous()
+    if dtype == torch.float32:
+        torch.testing.assert_close(y.detach().double(), ref_y, rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(x.grad.double(), ref_dx, rtol=2e-5, atol=2e-5)
+    else:  # the float64 value rounded to nearest, but where fp32 sums land on the other side of a rounding boundary
+        assert (y == ref_y.to(dtype)).float().mean() > 0.99
+        assert (x.grad == ref_dx.to(dtype)).float().mean() > 0.98
+    torch.testing.assert_close(w.grad.double(), ref_dw, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(b.grad.double(), ref_db, rtol=2e-5, atol=2e-5)
+
+
 def test_bf16_is_the_float64_value_rounded_to_nearest():
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(4, 4, 32, 32, generator=g) * 2).bfloat16().requires_grad_()
@@ -73,6 +104,17 @@ def test_bf16_is_the_float64_value_rounded_to_nearest():
     assert (y == ref_y.bfloat16()).float().mean() > 0.99
     assert (x.grad == ref_dx.bfloat16()).float().mean() > 0.98  # sums of 32 terms: a little more error
     torch.testing.assert_close(w.grad.double(), ref_dw, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("d", [24, 32])
+def test_bf16_ties_round_to_even(d):
+    # w = 0 makes y = b exactly in fp32, and b's values lie halfway between two bf16 numbers (1 + 2^-8 between 1 and
+    # 1 + 2^-7, ...): y must be them as PyTorch rounds them (to even), for the loops' width and a compiled one's
+    ties = 1 + torch.arange(1, 2 * d, 2, dtype=torch.float64) * 2.0 ** -8  # odd multiples of half a bf16 step
+    b = (ties * torch.where(torch.arange(d) % 3 == 0, -1.0, 1.0)).float()
+    x = torch.randn(2, 2, 5, d).bfloat16()
+    y = head_kernel.kernel().head_norm(x, torch.zeros(d), b, 1e-5)
+    assert torch.equal(y, b.bfloat16().expand_as(y)) and not torch.equal(b.bfloat16(), (b + 2.0 ** -9).bfloat16())
 
 
 def test_which_calls_take_the_kernel(monkeypatch):
