@@ -1,8 +1,9 @@
 """QK-norm's CPU kernel (modules/kernels/head_norm.py) against PyTorch's own F.layer_norm computed in float64 on the
 same heads, output and the gradients of the input, weight and bias (by autograd): on head views of a fused q/k/v
 projection (strided), a contiguous input, MLA's one shared key head, with and without a bias, a width no multiple of
-a vector, the widths with code of their own (32, 64, 128; rows left over from its blocks of rows), two threads (the
-weight gradients summed over per-thread partials); bf16 rounded to nearest; and which calls take it.
+a vector, the widths with code of their own (32 both ways, 64 backward; rows left over from their blocks of rows) and a
+wide one (128), two threads (the weight gradients summed over per-thread partials); bf16 rounded to nearest, ties to
+even; and which calls take it.
 """
 import pytest
 import torch
@@ -63,8 +64,9 @@ def test_fp32_matches_pytorch_in_float64(layout, bias, threads):
 @pytest.mark.parametrize("d", [32, 64, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_widths_match_pytorch_in_float64(d, dtype):
-    # 32, 64 and 128 have code of their own (rows in registers, blocks of 4 rows forward and 2 backward): T = 11
-    # leaves rows over from both; q's heads strided in the projection's output; two threads
+    # 32 (both ways) and 64 (backward) have code of their own, rows in registers, in blocks of 4 rows forward and 2
+    # backward at 32: T = 11 leaves rows over from both; 128 takes the loops at their widest. q's heads strided in the
+    # projection's output; two threads
     g = torch.Generator().manual_seed(d)
     B, H, T = 2, 3, 11
     x = (torch.randn(B, T, 3 * H * d, generator=g) * 3 + 1)[..., :H * d].view(B, T, H, d).transpose(1, 2)

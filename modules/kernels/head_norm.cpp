@@ -163,16 +163,18 @@ __attribute__((noinline)) void backward_head_any(const T* __restrict__ dy, int64
     backward_rows<1>(dy + t * sdy, sdy, x + t * sx, sx, w, mean + t, rstd + t, dx + t * sdx, sdx, aw, ab, d, buf);
 }
 
-// ---- Widths known when compiled: 32, 64 and 128 (small-cpu's heads, GPT-2's, Llama's) ----
+// ---- Widths known when compiled: 32 both ways (small-cpu's heads), 64 backward (GPT-2's) ----
 // The loops above run over a width known only at run time: for d = 32 each is four trips with its own set-up and
 // tail, the vectors of a row spilled and summed lane by lane in scalars. With D a template parameter a row is D / 8
 // vectors held in registers, read once, summed across lanes by two shuffles in each 128-bit half, and the code of
-// N rows interleaved, so the core overlaps one row's chain (sums, division, square root) with the others'. On an
-// AVX2-only EPYC (Zen 1), (32, 4, 64, 32) fp32: forward x0.75 and backward x0.55 of the loops' time in cache,
-// x0.93 and x0.77 out of cache (docs/bench.md, "QK-norm's eager kernel: widths known when compiled").
-constexpr int kForwardRows = 4;   // rows in flight, the best of 2, 4 and 8 there
-constexpr int kBackwardRows = 2;  // the best of 2 and 4: a backward row holds four vectors per 8 numbers, and four
-                                  // rows of them spill out of the 16 registers
+// N rows interleaved, so the core overlaps one row's chain (sums, division, square root) with the others'. Measured
+// on an AVX2-only EPYC (Zen 1) between a step's other work, fp32, per call (docs/bench.md, "QK-norm's eager kernel:
+// widths known when compiled"): D = 32 forward x0.70-0.77 and backward x0.48-0.54 of the loops' time, D = 64 backward
+// x0.74-0.80; D = 64 forward (x1.05-1.13) and D = 128 (forward x1.2-1.5, backward x0.95-1.17) were no faster, so they
+// keep the loops.
+constexpr int kForwardRows = 4;   // rows in flight at D = 32: the best of 2, 4 and 8
+template <int D> constexpr int kBackwardRows = 64 / D;  // 2 at D = 32 (of 2 and 4), 1 at 64: a backward row holds
+                                                        // four vectors per 8 numbers, and more spill from 16 registers
 
 typedef float f32x4 __attribute__((vector_size(16)));
 typedef int32_t i32x4 __attribute__((vector_size(16)));
@@ -290,8 +292,8 @@ __attribute__((noinline)) void backward_head_fixed(const T* __restrict__ dy, int
   f32x8 wv[V], sw[V], sb[V];
   for (int v = 0; v < V; v++) wv[v] = load8(w + 8 * v), sw[v] = sb[v] = f32x8{};
   int64_t t = 0;
-  for (; t + kBackwardRows <= rows; t += kBackwardRows)
-    backward_rows_fixed<kBackwardRows, D>(dy + t * sdy, sdy, x + t * sx, sx, wv, mean + t, rstd + t, dx + t * sdx,
+  for (; t + kBackwardRows<D> <= rows; t += kBackwardRows<D>)
+    backward_rows_fixed<kBackwardRows<D>, D>(dy + t * sdy, sdy, x + t * sx, sx, wv, mean + t, rstd + t, dx + t * sdx,
                                           sdx, sw, sb);
   for (; t < rows; t++)
     backward_rows_fixed<1, D>(dy + t * sdy, sdy, x + t * sx, sx, wv, mean + t, rstd + t, dx + t * sdx, sdx, sw, sb);
@@ -307,8 +309,6 @@ void forward_head(const T* x, int64_t sx, const float* w, const float* b, T* y, 
                   int64_t rows, int64_t d, float eps) {
   switch (d) {
     case 32: return forward_head_fixed<32>(x, sx, w, b, y, mean, rstd, rows, eps);
-    case 64: return forward_head_fixed<64>(x, sx, w, b, y, mean, rstd, rows, eps);
-    case 128: return forward_head_fixed<128>(x, sx, w, b, y, mean, rstd, rows, eps);
     default: return forward_head_any(x, sx, w, b, y, mean, rstd, rows, d, eps);
   }
 }
@@ -319,7 +319,6 @@ void backward_head(const T* dy, int64_t sdy, const T* x, int64_t sx, const float
   switch (d) {
     case 32: return backward_head_fixed<32>(dy, sdy, x, sx, w, mean, rstd, dx, sdx, aw, ab, rows);
     case 64: return backward_head_fixed<64>(dy, sdy, x, sx, w, mean, rstd, dx, sdx, aw, ab, rows);
-    case 128: return backward_head_fixed<128>(dy, sdy, x, sx, w, mean, rstd, dx, sdx, aw, ab, rows);
     default: return backward_head_any(dy, sdy, x, sx, w, mean, rstd, dx, sdx, aw, ab, rows, d);
   }
 }
