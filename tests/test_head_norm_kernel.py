@@ -23,6 +23,18 @@ def reference(x, w, b, dy, eps):
     return y.detach(), x64.grad, w64.grad, None if b is None else b64.grad
 
 
+def forward_backward(x, w, b, dy, threads):
+    """The kernel's output for x, after its backward from dy has filled the gradients, on `threads` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = head_kernel.kernel().head_norm(x, w, b, 1e-5)
+        y.backward(dy)
+    finally:
+        torch.set_num_threads(before)
+    return y
+
+
 def test_the_kernel_is_built_here():
     # CI has a compiler and ninja (pyproject): a missing kernel there is a failure, not a fallback to accept
     assert head_kernel.kernel() is not None, head_kernel.KERNEL.built.get("why")
@@ -45,13 +57,7 @@ def test_fp32_matches_pytorch_in_float64(layout, bias, threads):
     w = (1 + 0.2 * torch.randn(d, generator=g)).requires_grad_()
     b = (0.1 * torch.randn(d, generator=g)).requires_grad_() if bias else None
     dy = torch.randn(B, H, T, d, generator=g)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        y = head_kernel.kernel().head_norm(x, w, b, 1e-5)
-        y.backward(dy)
-    finally:
-        torch.set_num_threads(before)
+    y = forward_backward(x, w, b, dy, threads)
     ref_y, ref_dx, ref_dw, ref_db = reference(x, w, b, dy, 1e-5)
     assert y.is_contiguous() and x.grad.shape == x.shape
     torch.testing.assert_close(y.detach().double(), ref_y, rtol=2e-6, atol=2e-6)
@@ -74,13 +80,7 @@ def test_compiled_widths_match_pytorch_in_float64(d, dtype):
     w = (1 + 0.2 * torch.randn(d, generator=g)).requires_grad_()
     b = (0.1 * torch.randn(d, generator=g)).requires_grad_()
     dy = torch.randn(B, H, T, d, generator=g).to(dtype)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        y = head_kernel.kernel().head_norm(x, w, b, 1e-5)
-        y.backward(dy)
-    finally:
-        torch.set_num_threads(before)
+    y = forward_backward(x, w, b, dy, threads=2)
     ref_y, ref_dx, ref_dw, ref_db = reference(x, w, b, dy, 1e-5)
     assert y.dtype == x.grad.dtype == dtype and y.is_contiguous()
     if dtype == torch.float32:
