@@ -30,7 +30,25 @@ using namespace ablations_kernels;  // bf16.h's conversions
 // kRows rows advance together, each in its own 8-lane accumulator, so the CPU overlaps their chains.
 typedef float f32x8 __attribute__((vector_size(32)));  // gcc/clang vectors: one AVX register, two NEON ones
 inline f32x8 load8(const float* p) { f32x8 v; std::memcpy(&v, p, sizeof v); return v; }
-inline float lanes_sum(f32x8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
+
+// The sum of v's eight lanes, ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)): its two 128-bit halves added, then
+// neighbours within the half, then the pairs (Zen 1 splits a shuffle across halves into 8 micro-ops)
+inline float lanes_total(f32x8 v) {
+  f32x4 lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  f32x4 s = lo + hi;
+#if defined(__clang__)
+  s += __builtin_shufflevector(s, s, 1, 0, 3, 2);
+  s += __builtin_shufflevector(s, s, 2, 3, 0, 1);
+#else
+  s += __builtin_shuffle(s, i32x4{1, 0, 3, 2});
+  s += __builtin_shuffle(s, i32x4{2, 3, 0, 1});
+#endif
+  return s[0];
+}
 
 // A row as fp32: fp32 rows are read where they lie, bf16 rows widened into `buf`
 template <typename T>
@@ -53,7 +71,7 @@ inline void row_sums(const float* const* x, int64_t d, F f, float* out) {
   for (int64_t j = 0; j < d8; j += 8)
     for (int k = 0; k < N; k++) acc[k] += f(k, load8(x[k] + j));
   for (int k = 0; k < N; k++) {
-    float s = lanes_sum(acc[k]);
+    float s = lanes_total(acc[k]);
     for (int64_t j = d8; j < d; j++) s += f(k, x[k][j]);
     out[k] = s;
   }
@@ -138,8 +156,8 @@ inline void backward_rows(const T* __restrict__ dy, int64_t sdy, const T* __rest
     }
   }
   for (int k = 0; k < N; k++) {
-    s1[k] = lanes_sum(a1[k]);
-    s2[k] = lanes_sum(a2[k]);
+    s1[k] = lanes_total(a1[k]);
+    s2[k] = lanes_total(a2[k]);
     for (int64_t j = d8; j < d; j++) {
       const float g = gf[k][j] * w[j];
       s1[k] += g;
@@ -166,7 +184,7 @@ __attribute__((noinline)) void backward_head_any(const T* __restrict__ dy, int64
 // ---- Widths known when compiled: 32 both ways (small-cpu's heads), 64 backward (GPT-2's) ----
 // The loops above run over a width known only at run time: for d = 32 each is four trips with its own set-up and
 // tail, the vectors of a row spilled and summed lane by lane in scalars. With D a template parameter a row is D / 8
-// vectors held in registers, read once, summed across lanes by two shuffles in each 128-bit half, and the code of
+// vectors held in registers, read once, summed across lanes by lanes_total (no scalar per lane), and the code of
 // N rows interleaved, so the core overlaps one row's chain (sums, division, square root) with the others'. Measured
 // on an AVX2-only EPYC (Zen 1) between a step's other work, fp32, per call (docs/bench.md, "QK-norm's eager kernel:
 // widths known when compiled"): D = 32 forward x0.70-0.77 and backward x0.48-0.54 of the loops' time, D = 64 backward
@@ -176,27 +194,8 @@ constexpr int kForwardRows = 4;   // rows in flight at D = 32: the best of 2, 4 
 template <int D> constexpr int kBackwardRows = 64 / D;  // 2 at D = 32 (of 2 and 4), 1 at 64: a backward row holds
                                                         // four vectors per 8 numbers, and more spill from 16 registers
 
-typedef float f32x4 __attribute__((vector_size(16)));
-typedef int32_t i32x4 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
-
-// The sum of v's eight lanes: its two 128-bit halves added, then pairs within the half (Zen 1 splits a shuffle
-// across halves into 8 micro-ops)
-inline float lanes_total(f32x8 v) {
-  f32x4 lo, hi;
-  std::memcpy(&lo, &v, sizeof lo);
-  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
-  f32x4 s = lo + hi;
-#if defined(__clang__)
-  s += __builtin_shufflevector(s, s, 2, 3, 0, 1);
-  s += __builtin_shufflevector(s, s, 1, 0, 3, 2);
-#else
-  s += __builtin_shuffle(s, i32x4{2, 3, 0, 1});
-  s += __builtin_shuffle(s, i32x4{1, 0, 3, 2});
-#endif
-  return s[0];
-}
 
 // v[0] + ... + v[V-1], pairwise
 template <int V>
@@ -322,7 +321,6 @@ void backward_head(const T* dy, int64_t sdy, const T* x, int64_t sx, const float
     default: return backward_head_any(dy, sdy, x, sx, w, mean, rstd, dx, sdx, aw, ab, rows, d);
   }
 }
-
 
 void check(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.device().is_cpu() && fp32_or_bf16(x.scalar_type()) &&
